@@ -1,0 +1,1 @@
+"""Mokka: NRI plugin and helpers for mocked NVIDIA GPUs."""

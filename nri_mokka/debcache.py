@@ -1,0 +1,244 @@
+"""Fetch Debian packages into a private cache, leaving the system's apt config alone.
+
+Each suite gets its own apt state under ``<cache>/apt/<suite>/`` (sources, lists,
+package cache, an empty dpkg status); downloaded ``.deb`` files land in
+``<cache>/debs/<suite>/``. Once every requested package is cached, no network is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import functools
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["FetchError", "default_cache", "extract", "fetch"]
+
+log = logging.getLogger(__name__)
+
+MIRROR = os.environ.get("MOKKA_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+COMPONENTS = "main non-free non-free-firmware"
+KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+ARCH = "amd64"
+FRESH_SECONDS = 24 * 3600
+
+
+class FetchError(RuntimeError):
+    """A package or suite could not be fetched."""
+
+
+def default_cache() -> Path:
+    """``$MOKKA_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/mokka``."""
+    if env := os.environ.get("MOKKA_CACHE"):
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "mokka"
+
+
+def _system_proxies() -> list[str]:
+    """Carry the system's apt proxy settings over (its config parts are not read)."""
+    opts = []
+    for key in ("Acquire::http::Proxy", "Acquire::https::Proxy"):
+        try:
+            out = subprocess.run(
+                ["apt-config", "shell", "V", key], capture_output=True, text=True, check=False
+            ).stdout
+        except OSError:
+            return []
+        if out.startswith("V="):
+            value = shlex.split(out[2:])[0] if out[2:].strip() else ""
+            if value:
+                opts.append(f"{key}={value}")
+    return opts
+
+
+class _Suite:
+    """Private apt state for one suite."""
+
+    def __init__(self, cache: Path, suite: str) -> None:
+        self.suite = suite
+        self.root = cache / "apt" / suite
+        self.debs = cache / "debs" / suite
+        self.stamp = self.root / "updated"
+
+    def prepare(self) -> None:
+        for sub in ("sources.list.d", "parts", "preferences.d", "lists/partial",
+                    "cache/archives/partial", "state"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.debs.mkdir(parents=True, exist_ok=True)
+        (self.root / "status").touch()
+        sources = (
+            "Types: deb\n"
+            f"URIs: {MIRROR}\n"
+            f"Suites: {self.suite}\n"
+            f"Components: {COMPONENTS}\n"
+            f"Signed-By: {KEYRING}\n"
+        )
+        path = self.root / "sources.list.d" / f"{self.suite}.sources"
+        if not path.exists() or path.read_text() != sources:
+            path.write_text(sources)
+            self.stamp.unlink(missing_ok=True)
+
+    def opts(self) -> list[str]:
+        r = self.root
+        pairs = {
+            "Dir::Etc::main": "/dev/null",
+            "Dir::Etc::Parts": r / "parts",
+            "Dir::Etc::SourceList": "/dev/null",
+            "Dir::Etc::SourceParts": r / "sources.list.d",
+            "Dir::Etc::Preferences": "/dev/null",
+            "Dir::Etc::PreferencesParts": r / "preferences.d",
+            "Dir::State": r / "state",
+            "Dir::State::Lists": r / "lists",
+            "Dir::State::status": r / "status",
+            "Dir::Cache": r / "cache",
+            "APT::Architecture": ARCH,
+            "APT::Architectures": ARCH,
+            "Acquire::Languages": "none",
+        }
+        if os.geteuid() == 0:
+            pairs["APT::Sandbox::User"] = "root"
+        opts = [f"{k}={v}" for k, v in pairs.items()] + _system_proxies()
+        return [a for o in opts for a in ("-o", o)]
+
+    def apt(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        cmd = ["apt-get", "-q", *self.opts(), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False)
+
+    def fresh(self) -> bool:
+        try:
+            return time.time() - self.stamp.stat().st_mtime < FRESH_SECONDS
+        except FileNotFoundError:
+            return False
+
+    def has_lists(self) -> bool:
+        return any((self.root / "lists").glob("*_Packages*"))
+
+    def update(self) -> None:
+        log.info("apt-get update (%s)", self.suite)
+        res = self.apt("update")
+        errors = _errors(res)
+        if res.returncode == 0 and not errors:
+            self.stamp.touch()
+            return
+        msg = errors[-1] if errors else res.stderr.strip() or f"exit {res.returncode}"
+        if self.has_lists():
+            log.warning("apt-get update (%s) failed, using stale lists: %s", self.suite, msg)
+            return
+        raise FetchError(f"suite {self.suite!r}: apt-get update failed: {msg}")
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "lock", "w") as fd:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+
+
+def _errors(res: subprocess.CompletedProcess[str]) -> list[str]:
+    return [ln[3:].strip() for ln in (res.stderr + res.stdout).splitlines() if ln.startswith("E: ")]
+
+
+def _version_cmp(a: Path, b: Path) -> int:
+    va, vb = (p.name.split("_")[1].replace("%3a", ":") for p in (a, b))
+    if va == vb:
+        return 0
+    lt = subprocess.run(["dpkg", "--compare-versions", va, "lt", vb], check=False)
+    return -1 if lt.returncode == 0 else 1
+
+
+def _cached(debs: Path, spec: str) -> Path | None:
+    """Newest cached ``.deb`` for ``pkg`` or ``pkg=version``."""
+    name, _, version = spec.partition("=")
+    version = version.replace(":", "%3a") or "*"
+    hits = [p for p in debs.glob(f"{name}_{version}_*.deb") if p.name.count("_") == 2]
+    return max(hits, key=functools.cmp_to_key(_version_cmp)) if hits else None
+
+
+def _download(suite: _Suite, spec: str) -> Path:
+    res = suite.apt("download", "--print-uris", spec)
+    errors = _errors(res)
+    if res.returncode != 0 or errors:
+        msg = errors[-1] if errors else res.stderr.strip()
+        raise FetchError(f"suite {suite.suite!r}: package {spec!r}: {msg}")
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("'")), "")
+    try:
+        _uri, filename, size, *_ = line.split()
+    except ValueError:
+        raise FetchError(f"suite {suite.suite!r}: package {spec!r}: no download URI") from None
+    target = suite.debs / filename
+    if target.is_file() and target.stat().st_size == int(size):
+        return target
+    log.info("downloading %s (%s)", filename, suite.suite)
+    res = suite.apt("download", spec, cwd=suite.debs)
+    errors = _errors(res)
+    if res.returncode != 0 or errors or not target.is_file():
+        msg = errors[-1] if errors else res.stderr.strip() or f"{filename} missing"
+        raise FetchError(f"suite {suite.suite!r}: package {spec!r}: {msg}")
+    return target
+
+
+def fetch(
+    suite: str, packages: list[str], cache: Path | None = None, *, refresh: bool = False
+) -> dict[str, Path]:
+    """Download ``packages`` (``pkg`` or ``pkg=version``) from ``suite``; map each to its .deb.
+
+    Already-cached packages are returned without network access unless ``refresh``.
+    """
+    state = _Suite(cache or default_cache(), suite)
+    with state.locked():
+        state.prepare()
+        result = {p: d for p in packages if (d := _cached(state.debs, p)) and not refresh}
+        missing = [p for p in packages if p not in result]
+        if not missing:
+            return result
+        if refresh or not state.fresh() or not state.has_lists():
+            state.update()
+        for spec in missing:
+            result[spec] = _download(state, spec)
+        return {p: result[p] for p in packages}
+
+
+def extract(deb: Path, dest: Path) -> Path:
+    """Unpack ``deb``'s files into ``dest`` with ``dpkg -x``; return ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(["dpkg", "-x", str(deb), str(dest)], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise FetchError(f"dpkg -x {deb}: {res.stderr.strip() or f'exit {res.returncode}'}")
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m nri_mokka.debcache SUITE PKG... [--extract DIR]``."""
+    ap = argparse.ArgumentParser(prog="python -m nri_mokka.debcache", description=__doc__)
+    ap.add_argument("suite", help="Debian suite, e.g. bookworm, trixie, sid")
+    ap.add_argument("packages", nargs="+", metavar="PKG", help="package or package=version")
+    ap.add_argument("--extract", type=Path, metavar="DIR", help="dpkg -x each package into DIR")
+    ap.add_argument("--cache", type=Path, help="cache directory (default: %(default)s)",
+                    default=default_cache())
+    ap.add_argument("--refresh", action="store_true", help="update lists, re-resolve packages")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="debcache: %(message)s", stream=sys.stderr)
+    try:
+        debs = fetch(args.suite, args.packages, args.cache, refresh=args.refresh)
+        for pkg, deb in debs.items():
+            print(f"{pkg}\t{deb}")
+            if args.extract:
+                extract(deb, args.extract)
+                log.info("extracted %s into %s", deb.name, args.extract)
+    except FetchError as exc:
+        print(f"debcache: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
