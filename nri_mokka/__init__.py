@@ -1,1 +1,3 @@
-"""Mokka: NRI plugin and helpers for mocked NVIDIA GPUs."""
+"""Mokka: make a CPU-only Linux node look like an NVIDIA GPU node."""
+
+__version__ = "0.1.0"

@@ -1,8 +1,10 @@
 """Fetch Debian packages into a private cache, leaving the system's apt config alone.
 
-Each suite gets its own apt state under ``<cache>/apt/<suite>/`` (sources, lists,
-package cache, an empty dpkg status); downloaded ``.deb`` files land in
-``<cache>/debs/<suite>/``. Once every requested package is cached, no network is used.
+Each suite gets its own apt state under ``<cache>/apt/<suite>/`` (``apt.conf`` used via
+``APT_CONFIG``, sources, lists, package cache, an empty dpkg status); downloaded ``.deb``
+files land in ``<cache>/debs/<suite>/``. Once every requested package is cached, no
+network is used. To inspect a suite by hand: ``APT_CONFIG=<cache>/apt/<suite>/apt.conf
+apt-cache policy PKG``.
 """
 
 from __future__ import annotations
@@ -36,28 +38,26 @@ class FetchError(RuntimeError):
 
 
 def default_cache() -> Path:
-    """``$MOKKA_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/mokka``."""
+    """Return ``$MOKKA_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/mokka``."""
     if env := os.environ.get("MOKKA_CACHE"):
         return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg) / "mokka"
 
 
-def _system_proxies() -> list[str]:
-    """Carry the system's apt proxy settings over (its config parts are not read)."""
-    opts = []
+def _system_proxies() -> dict[str, str]:
+    """Return the system's apt proxy settings (its config parts are otherwise not read)."""
+    found = {}
     for key in ("Acquire::http::Proxy", "Acquire::https::Proxy"):
         try:
             out = subprocess.run(
                 ["apt-config", "shell", "V", key], capture_output=True, text=True, check=False
-            ).stdout
+            ).stdout.strip()
         except OSError:
-            return []
-        if out.startswith("V="):
-            value = shlex.split(out[2:])[0] if out[2:].strip() else ""
-            if value:
-                opts.append(f"{key}={value}")
-    return opts
+            break
+        if out.startswith("V=") and (value := "".join(shlex.split(out[2:]))):
+            found[key] = value
+    return found
 
 
 class _Suite:
@@ -68,13 +68,21 @@ class _Suite:
         self.root = cache / "apt" / suite
         self.debs = cache / "debs" / suite
         self.stamp = self.root / "updated"
+        self.config = self.root / "apt.conf"
 
     def prepare(self) -> None:
-        for sub in ("sources.list.d", "parts", "preferences.d", "lists/partial",
-                    "cache/archives/partial", "state"):
+        for sub in (
+            "sources.list.d",
+            "parts",
+            "preferences.d",
+            "lists/partial",
+            "cache/archives/partial",
+            "state",
+        ):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.debs.mkdir(parents=True, exist_ok=True)
         (self.root / "status").touch()
+        self.write_config()
         sources = (
             "Types: deb\n"
             f"URIs: {MIRROR}\n"
@@ -87,9 +95,10 @@ class _Suite:
             path.write_text(sources)
             self.stamp.unlink(missing_ok=True)
 
-    def opts(self) -> list[str]:
+    def write_config(self) -> None:
+        """Write the private apt.conf (read via ``APT_CONFIG``, before any system part)."""
         r = self.root
-        pairs = {
+        items = {
             "Dir::Etc::main": "/dev/null",
             "Dir::Etc::Parts": r / "parts",
             "Dir::Etc::SourceList": "/dev/null",
@@ -101,17 +110,21 @@ class _Suite:
             "Dir::State::status": r / "status",
             "Dir::Cache": r / "cache",
             "APT::Architecture": ARCH,
-            "APT::Architectures": ARCH,
             "Acquire::Languages": "none",
+            "Acquire::GzipIndexes": "true",
         }
+        items.update(_system_proxies())
         if os.geteuid() == 0:
-            pairs["APT::Sandbox::User"] = "root"
-        opts = [f"{k}={v}" for k, v in pairs.items()] + _system_proxies()
-        return [a for o in opts for a in ("-o", o)]
+            items["APT::Sandbox::User"] = "root"
+        lines = [f'{k} "{v}";' for k, v in items.items()]
+        lines.append(f'APT::Architectures {{ "{ARCH}"; }};')
+        self.config.write_text("\n".join(lines) + "\n")
 
     def apt(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        cmd = ["apt-get", "-q", *self.opts(), *args]
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False)
+        env = {**os.environ, "APT_CONFIG": str(self.config), "LC_ALL": "C"}
+        return subprocess.run(
+            ["apt-get", "-q", *args], capture_output=True, text=True, cwd=cwd, env=env, check=False
+        )
 
     def fresh(self) -> bool:
         try:
@@ -125,11 +138,11 @@ class _Suite:
     def update(self) -> None:
         log.info("apt-get update (%s)", self.suite)
         res = self.apt("update")
-        errors = _errors(res)
-        if res.returncode == 0 and not errors:
+        errors = _errors(res, warnings=True)
+        if res.returncode == 0 and not errors and self.has_lists():
             self.stamp.touch()
             return
-        msg = errors[-1] if errors else res.stderr.strip() or f"exit {res.returncode}"
+        msg = errors[0] if errors else res.stderr.strip() or f"exit {res.returncode}"
         if self.has_lists():
             log.warning("apt-get update (%s) failed, using stale lists: %s", self.suite, msg)
             return
@@ -138,13 +151,16 @@ class _Suite:
     @contextmanager
     def locked(self) -> Iterator[None]:
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / "lock", "w") as fd:
+        with (self.root / "lock").open("w") as fd:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
 
 
-def _errors(res: subprocess.CompletedProcess[str]) -> list[str]:
-    return [ln[3:].strip() for ln in (res.stderr + res.stdout).splitlines() if ln.startswith("E: ")]
+def _errors(res: subprocess.CompletedProcess[str], *, warnings: bool = False) -> list[str]:
+    """Return apt's ``E:`` lines (and, with ``warnings``, its ``W:`` lines)."""
+    tags = ("E: ", "W: ") if warnings else ("E: ",)
+    lines = (res.stderr + res.stdout).splitlines()
+    return [ln[3:].strip() for ln in lines if ln.startswith(tags)]
 
 
 def _version_cmp(a: Path, b: Path) -> int:
@@ -156,10 +172,10 @@ def _version_cmp(a: Path, b: Path) -> int:
 
 
 def _cached(debs: Path, spec: str) -> Path | None:
-    """Newest cached ``.deb`` for ``pkg`` or ``pkg=version``."""
+    """Return the newest cached ``.deb`` for ``pkg`` or ``pkg=version``."""
     name, _, version = spec.partition("=")
     version = version.replace(":", "%3a") or "*"
-    hits = [p for p in debs.glob(f"{name}_{version}_*.deb") if p.name.count("_") == 2]
+    hits = list(debs.glob(f"{name}_{version}_*.deb"))
     return max(hits, key=functools.cmp_to_key(_version_cmp)) if hits else None
 
 
@@ -210,7 +226,8 @@ def fetch(
 def extract(deb: Path, dest: Path) -> Path:
     """Unpack ``deb``'s files into ``dest`` with ``dpkg -x``; return ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run(["dpkg", "-x", str(deb), str(dest)], capture_output=True, text=True)
+    cmd = ["dpkg", "-x", str(deb), str(dest)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise FetchError(f"dpkg -x {deb}: {res.stderr.strip() or f'exit {res.returncode}'}")
     return dest
@@ -222,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("suite", help="Debian suite, e.g. bookworm, trixie, sid")
     ap.add_argument("packages", nargs="+", metavar="PKG", help="package or package=version")
     ap.add_argument("--extract", type=Path, metavar="DIR", help="dpkg -x each package into DIR")
-    ap.add_argument("--cache", type=Path, help="cache directory (default: %(default)s)",
-                    default=default_cache())
+    ap.add_argument(
+        "--cache", type=Path, help="cache directory (default: %(default)s)", default=default_cache()
+    )
     ap.add_argument("--refresh", action="store_true", help="update lists, re-resolve packages")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="debcache: %(message)s", stream=sys.stderr)

@@ -1,0 +1,210 @@
+/*
+ * mokka_state.h — the one definition of Mokka's compiled state file.
+ *
+ * The Python compiler (nri_mokka/state.py) feeds this header to cffi and writes the
+ * file through it; the native shims mmap the same file and read it through these
+ * structs. The header is kept in the subset of C that cffi's parser accepts: plain
+ * structs of fixed-width types, and `#define NAME <integer>` constants. Lines that
+ * start with `#` other than such defines are dropped before cffi reads the text.
+ *
+ * File layout: one mokka_header_t, then gpu_count mokka_gpu_t records.
+ *
+ * Live updates rewrite the file in place (never by rename: a bind mount pins the
+ * inode). A writer makes `seq` odd, changes the records, then makes it even again
+ * (a seqlock); readers retry while `seq` is odd or changed under them.
+ *
+ * Units: bytes, milliwatts, MHz, degrees Celsius, millijoules, percent.
+ * MOKKA_NA (all ones) in an integer field means the board does not support it, and the
+ * library answers NVML_ERROR_NOT_SUPPORTED; an empty string means the same.
+ */
+#ifndef MOKKA_STATE_H
+#define MOKKA_STATE_H
+
+#include <stdint.h>
+
+#define MOKKA_STATE_MAGIC 0x41544b4f4b4b4f4d
+#define MOKKA_STATE_VERSION 1
+#define MOKKA_MAX_GPUS 64
+#define MOKKA_NA 4294967295
+#define MOKKA_MAX_MEM_CLOCKS 8
+#define MOKKA_MAX_GFX_CLOCKS 192
+#define MOKKA_MAX_PROCS 16
+#define MOKKA_MAX_NVLINKS 18
+#define MOKKA_CPUSET_WORDS 16
+#define MOKKA_THRESHOLD_COUNT 16
+#define MOKKA_ECC_LOCATIONS 9
+
+/* Clock domains, indexed as nvmlClockType_t: graphics, sm, memory, video. */
+#define MOKKA_CLOCK_DOMAINS 4
+
+/* Bits of mokka_gpu_t.flags. */
+#define MOKKA_GPU_LOST 1
+#define MOKKA_GPU_MIG_CAPABLE 2
+#define MOKKA_GPU_MULTI_GPU_BOARD 4
+#define MOKKA_GPU_FABRIC_SUPPORTED 8
+#define MOKKA_GPU_REMAP_SUPPORTED 16
+#define MOKKA_GPU_RETIRE_SUPPORTED 32
+#define MOKKA_GPU_POWER_MANAGEMENT 64
+#define MOKKA_GPU_REMAP_PENDING 128
+#define MOKKA_GPU_REMAP_FAILURE 256
+
+typedef struct {
+    uint32_t pid;
+    uint32_t type;              /* 0 compute, 1 graphics */
+    uint64_t used_memory;       /* bytes */
+    char name[64];
+} mokka_process_t;
+
+typedef struct {
+    /* identity */
+    char name[96];
+    char uuid[80];
+    char serial[32];
+    char board_part_number[32];
+    char gpu_part_number[32];
+    char vbios_version[32];
+    char inforom_image[32];
+    char inforom_oem[16];
+    char inforom_ecc[16];
+    char inforom_power[16];
+    char bus_id[32];            /* "00000000:1A:00.0" */
+    uint32_t index;             /* index on the node, before any container filtering */
+    uint32_t minor_number;
+    uint32_t brand;             /* nvmlBrandType_t */
+    uint32_t architecture;      /* nvmlDeviceArchitecture_t */
+    uint32_t cc_major;
+    uint32_t cc_minor;
+    uint32_t board_id;
+    uint32_t module_id;
+    uint32_t flags;             /* MOKKA_GPU_* */
+    uint32_t num_cores;
+    uint32_t memory_bus_width;
+
+    /* PCI */
+    uint32_t pci_domain;
+    uint32_t pci_bus;
+    uint32_t pci_device;
+    uint32_t pci_function;
+    uint32_t pci_device_id;     /* (device << 16) | vendor, as NVML reports it */
+    uint32_t pci_subsystem_id;  /* (subsystem device << 16) | subsystem vendor */
+    uint32_t pci_class;         /* 0x030200 */
+    uint32_t pci_revision;
+    uint32_t pcie_max_gen;
+    uint32_t pcie_cur_gen;
+    uint32_t pcie_max_width;
+    uint32_t pcie_cur_width;
+    uint32_t pcie_replay_counter;
+    uint32_t pcie_tx_kbps;
+    uint32_t pcie_rx_kbps;
+    uint32_t numa_node;         /* MOKKA_NA: not reported */
+    uint32_t irq;
+    uint32_t pad0;
+    uint64_t cpu_affinity[MOKKA_CPUSET_WORDS];
+
+    /* memory */
+    uint64_t mem_total;
+    uint64_t mem_reserved;
+    uint64_t mem_used;
+    uint64_t bar1_total;
+    uint64_t bar1_used;
+
+    /* power */
+    uint32_t power_usage;
+    uint32_t power_limit;
+    uint32_t power_default_limit;
+    uint32_t power_min_limit;
+    uint32_t power_max_limit;
+    uint32_t power_enforced_limit;
+    uint64_t energy_mj;
+
+    /* temperatures */
+    uint32_t temp_gpu;
+    uint32_t temp_memory;
+    uint32_t thresholds[MOKKA_THRESHOLD_COUNT]; /* nvmlTemperatureThresholds_t order */
+
+    /* clocks */
+    uint32_t clock_current[MOKKA_CLOCK_DOMAINS];
+    uint32_t clock_max[MOKKA_CLOCK_DOMAINS];
+    uint32_t clock_app[MOKKA_CLOCK_DOMAINS];
+    uint32_t clock_default_app[MOKKA_CLOCK_DOMAINS];
+    uint32_t clock_boost[MOKKA_CLOCK_DOMAINS];
+    uint32_t n_mem_clocks;
+    uint32_t mem_clocks[MOKKA_MAX_MEM_CLOCKS];
+    uint32_t n_gfx_clocks[MOKKA_MAX_MEM_CLOCKS];
+    uint32_t gfx_clocks[MOKKA_MAX_MEM_CLOCKS][MOKKA_MAX_GFX_CLOCKS];
+    uint64_t clocks_event_reasons;
+    uint64_t supported_event_reasons;
+    uint32_t pstate;
+
+    /* utilization */
+    uint32_t util_gpu;
+    uint32_t util_memory;
+    uint32_t util_encoder;
+    uint32_t util_decoder;
+    uint32_t util_jpeg;
+    uint32_t util_ofa;
+
+    /* modes: nvmlEnableState_t / nvmlComputeMode_t values, MOKKA_NA when unsupported */
+    uint32_t persistence_mode;
+    uint32_t compute_mode;
+    uint32_t ecc_current;
+    uint32_t ecc_pending;
+    uint32_t mig_current;
+    uint32_t mig_pending;
+    uint32_t display_mode;
+    uint32_t display_active;
+    uint32_t accounting_mode;
+    uint32_t accounting_buffer;
+    uint32_t virtualization_mode;
+    uint32_t fan_count;
+    uint32_t fan_speed;
+
+    /* ECC counters: [error type: corrected, uncorrected][counter: volatile, aggregate][location] */
+    uint64_t ecc_counts[2][2][MOKKA_ECC_LOCATIONS];
+
+    /* row remapping */
+    uint32_t remap_correctable;
+    uint32_t remap_uncorrectable;
+    uint32_t remap_histogram[5];  /* max, high, partial, low, none */
+    uint32_t retired_sbe;
+    uint32_t retired_dbe;
+
+    /* NVLink */
+    uint32_t nvlink_count;
+    uint32_t nvlink_version;
+    uint32_t nvlink_speed_mbps;   /* per link, MB/s as nvidia-smi shows "GB/s" x 1000 */
+    uint32_t nvlink_active_mask;
+
+    /* fabric (Hopper and later) */
+    uint32_t fabric_state;
+    uint32_t fabric_status;
+    uint32_t clique_id;
+    uint32_t pad1;
+    uint8_t cluster_uuid[16];
+
+    /* running processes */
+    uint32_t n_procs;
+    uint32_t pad2;
+    mokka_process_t procs[MOKKA_MAX_PROCS];
+
+    /* pending events (XID and others) for nvmlEventSetWait: a counter per kind */
+    uint64_t xid_count;
+    uint64_t last_xid;
+} mokka_gpu_t;
+
+typedef struct {
+    uint64_t magic;             /* MOKKA_STATE_MAGIC */
+    uint32_t version;           /* MOKKA_STATE_VERSION */
+    uint32_t header_size;       /* sizeof(mokka_header_t) */
+    uint32_t gpu_size;          /* sizeof(mokka_gpu_t) */
+    uint32_t gpu_count;
+    uint32_t seq;               /* seqlock: odd while a writer is changing the records */
+    uint32_t generation;        /* bumped after every completed update */
+    char driver_version[32];    /* "550.163.01" */
+    char nvml_version[32];      /* "12.550.163.01" */
+    uint32_t cuda_version;      /* 12040 */
+    uint32_t pad0;
+    char profile[64];           /* profile name, for diagnostics */
+} mokka_header_t;
+
+#endif

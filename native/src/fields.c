@@ -1,0 +1,98 @@
+/* nvmlDeviceGetFieldValues: the field ids consumers ask for, answered from the state. */
+#include <string.h>
+#include <sys/time.h>
+
+#include "internal.h"
+
+static void set_u(nvmlFieldValue_t *f, unsigned long long v) {
+    f->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+    f->value.ullVal = v;
+    f->nvmlReturn = NVML_SUCCESS;
+}
+
+static void set_ui(nvmlFieldValue_t *f, unsigned v) {
+    f->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+    f->value.uiVal = v;
+    f->nvmlReturn = NVML_SUCCESS;
+}
+
+static unsigned long long ecc_total(const mokka_gpu_t *g, int type, int counter) {
+    unsigned long long sum = 0;
+    for (unsigned i = 0; i < MOKKA_ECC_LOCATIONS; i++) sum += g->ecc_counts[type][counter][i];
+    return sum;
+}
+
+static void one_field(const mokka_gpu_t *g, nvmlFieldValue_t *f) {
+    f->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+    int ecc = !mokka_is_na(g->ecc_current);
+    int remap = (g->flags & MOKKA_GPU_REMAP_SUPPORTED) != 0;
+    unsigned links = g->nvlink_count;
+    switch (f->fieldId) {
+    case NVML_FI_DEV_ECC_CURRENT: if (ecc) set_u(f, g->ecc_current); break;
+    case NVML_FI_DEV_ECC_PENDING: if (ecc) set_u(f, g->ecc_pending); break;
+    case NVML_FI_DEV_ECC_SBE_VOL_TOTAL: if (ecc) set_u(f, ecc_total(g, 0, 0)); break;
+    case NVML_FI_DEV_ECC_DBE_VOL_TOTAL: if (ecc) set_u(f, ecc_total(g, 1, 0)); break;
+    case NVML_FI_DEV_ECC_SBE_AGG_TOTAL: if (ecc) set_u(f, ecc_total(g, 0, 1)); break;
+    case NVML_FI_DEV_ECC_DBE_AGG_TOTAL: if (ecc) set_u(f, ecc_total(g, 1, 1)); break;
+    case NVML_FI_DEV_RETIRED_SBE: if (g->flags & MOKKA_GPU_RETIRE_SUPPORTED) set_u(f, g->retired_sbe); break;
+    case NVML_FI_DEV_RETIRED_DBE: if (g->flags & MOKKA_GPU_RETIRE_SUPPORTED) set_u(f, g->retired_dbe); break;
+    case NVML_FI_DEV_RETIRED_PENDING: if (g->flags & MOKKA_GPU_RETIRE_SUPPORTED) set_u(f, 0); break;
+    case NVML_FI_DEV_MEMORY_TEMP: if (!mokka_is_na(g->temp_memory)) set_ui(f, g->temp_memory); break;
+    case NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
+    case NVML_FI_DEV_ENERGY: set_u(f, mokka_energy_mj(g)); break;
+    case NVML_FI_DEV_POWER_AVERAGE:
+    case NVML_FI_DEV_POWER_INSTANT: set_ui(f, g->power_usage); break;
+    case NVML_FI_DEV_POWER_MIN_LIMIT: set_ui(f, g->power_min_limit); break;
+    case NVML_FI_DEV_POWER_MAX_LIMIT: set_ui(f, g->power_max_limit); break;
+    case NVML_FI_DEV_POWER_DEFAULT_LIMIT: set_ui(f, g->power_default_limit); break;
+    case NVML_FI_DEV_POWER_CURRENT_LIMIT:
+    case NVML_FI_DEV_POWER_REQUESTED_LIMIT: set_ui(f, g->power_limit); break;
+    case NVML_FI_DEV_PCIE_REPLAY_COUNTER: set_ui(f, g->pcie_replay_counter); break;
+    case NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER: set_ui(f, 0); break;
+    case NVML_FI_DEV_REMAPPED_COR: if (remap) set_u(f, g->remap_correctable); break;
+    case NVML_FI_DEV_REMAPPED_UNC: if (remap) set_u(f, g->remap_uncorrectable); break;
+    case NVML_FI_DEV_REMAPPED_PENDING: if (remap) set_u(f, (g->flags & MOKKA_GPU_REMAP_PENDING) != 0); break;
+    case NVML_FI_DEV_REMAPPED_FAILURE: if (remap) set_u(f, (g->flags & MOKKA_GPU_REMAP_FAILURE) != 0); break;
+    case NVML_FI_DEV_NVLINK_LINK_COUNT: if (links) set_ui(f, links); break;
+    case NVML_FI_DEV_NVSWITCH_CONNECTED_LINK_COUNT: if (links) set_ui(f, links); break;
+    case NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON: if (links) set_ui(f, g->nvlink_speed_mbps); break;
+    case NVML_FI_DEV_NVLINK_GET_SPEED:
+        if (links && f->scopeId < links) set_ui(f, g->nvlink_speed_mbps);
+        break;
+    case NVML_FI_DEV_NVLINK_GET_STATE:
+        if (links && f->scopeId < links) set_ui(f, g->nvlink_active_mask >> f->scopeId & 1);
+        break;
+    case NVML_FI_DEV_NVLINK_GET_VERSION:
+        if (links && f->scopeId < links) set_ui(f, g->nvlink_version);
+        break;
+    default:
+        if (f->fieldId >= NVML_FI_DEV_NVLINK_SPEED_MBPS_L0 && f->fieldId <= NVML_FI_DEV_NVLINK_SPEED_MBPS_L5) {
+            if (f->fieldId - NVML_FI_DEV_NVLINK_SPEED_MBPS_L0 < links) set_ui(f, g->nvlink_speed_mbps);
+        } else if (f->fieldId >= NVML_FI_DEV_NVLINK_SPEED_MBPS_L6 && f->fieldId <= NVML_FI_DEV_NVLINK_SPEED_MBPS_L11) {
+            if (f->fieldId - NVML_FI_DEV_NVLINK_SPEED_MBPS_L6 + 6 < links) set_ui(f, g->nvlink_speed_mbps);
+        } else if (f->fieldId >= NVML_FI_MAX) {
+            f->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        }
+    }
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldValue_t *values) {
+    GET_GPU(device, g);
+    if (count < 0 || (count > 0 && !values)) return NVML_ERROR_INVALID_ARGUMENT;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    long long now = (long long)tv.tv_sec * 1000000 + tv.tv_usec;
+    for (int i = 0; i < count; i++) {
+        MOKKA_READ(one_field(g, &values[i]));
+        values[i].timestamp = now;
+        values[i].latencyUsec = 0;
+    }
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceClearFieldValues(nvmlDevice_t device, int count, nvmlFieldValue_t *values) {
+    GET_GPU(device, g);
+    (void)g;
+    if (count < 0 || (count > 0 && !values)) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}

@@ -1,0 +1,35 @@
+"""Where the native artifacts are: the state header and the built shared libraries.
+
+In a source checkout (editable install) they are in ``native/`` and ``native/build/``;
+an installed wheel carries copies in ``nri_mokka/_native/`` made by the build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+_CHECKOUT = _PACKAGE.parent / "native"
+_BUNDLED = _PACKAGE / "_native"
+
+NVML_LIBRARY = "libnvidia-ml.so"
+SYSFS_SHIM = "libmokka-sysfs.so"
+
+
+class NativeMissing(FileNotFoundError):
+    """A native artifact was not built."""
+
+
+def _find(name: str, checkout_sub: str) -> Path:
+    for candidate in (_CHECKOUT / checkout_sub / name, _BUNDLED / name):
+        if candidate.exists():
+            return candidate
+    raise NativeMissing(f"{name} not found: build it with `make -C native` (looked in {_CHECKOUT / checkout_sub}, {_BUNDLED})")
+
+
+def header_path() -> Path:
+    return _find("mokka_state.h", ".")
+
+
+def library_path(name: str = NVML_LIBRARY) -> Path:
+    return _find(name, "build")

@@ -1,0 +1,441 @@
+"""The profile model: what a mock node's GPUs are, validated once.
+
+A profile is YAML. ``gpu`` holds the board every GPU shares; ``gpus`` holds per-GPU
+overrides (any subset of ``gpu``'s fields, keyed by index); ``topology`` places the GPUs
+on the PCI bus and on NUMA nodes. Built-in profiles live beside this module in
+``profiles/`` and were authored from real ``nvidia-smi -q -x`` captures.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from enum import IntEnum
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+MAX_GPUS = 64
+DEFAULT_DRIVER = "550.163.01"
+DEFAULT_CUDA = "12.4"
+MIB = 1024 * 1024
+
+
+class ProfileError(Exception):
+    """A profile could not be read or validated; the message names file, field and problem."""
+
+
+class Brand(IntEnum):
+    """nvmlBrandType_t values."""
+
+    Unknown = 0
+    Quadro = 1
+    Tesla = 2
+    NVS = 3
+    GRID = 4
+    GeForce = 5
+    Titan = 6
+    NVIDIA = 14
+
+
+class Architecture(IntEnum):
+    """nvmlDeviceArchitecture_t values."""
+
+    Kepler = 2
+    Maxwell = 3
+    Pascal = 4
+    Volta = 5
+    Turing = 6
+    Ampere = 7
+    Ada = 8
+    Hopper = 9
+    Blackwell = 10
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Mhz = Annotated[int, Field(ge=0, le=100_000)]
+Watts = Annotated[float, Field(ge=0, le=100_000)]
+Celsius = Annotated[int, Field(ge=-50, le=200)]
+Percent = Annotated[int, Field(ge=0, le=100)]
+
+
+class Pci(Strict):
+    device_id: int = Field(description="PCI device id, e.g. 0x2330")
+    subsystem_device_id: int
+    vendor_id: int = 0x10DE
+    subsystem_vendor_id: int = 0x10DE
+    class_code: int = Field(0x030200, description="0x030200 (3D controller) or 0x030000 (VGA)")
+    revision: int = 0xA1
+    max_link_gen: int = Field(ge=1, le=7)
+    max_link_width: int = Field(16, ge=1, le=32)
+    current_link_gen: int | None = None
+    current_link_width: int | None = None
+
+    @field_validator("device_id", "subsystem_device_id", "vendor_id", "subsystem_vendor_id")
+    @classmethod
+    def _u16(cls, v: int) -> int:
+        if not 0 <= v <= 0xFFFF:
+            raise ValueError("must be a 16-bit id (0x0000-0xFFFF)")
+        return v
+
+
+class Inforom(Strict):
+    image: str = ""
+    oem: str = ""
+    ecc: str = ""
+    power: str = ""
+
+
+class Memory(Strict):
+    total_mib: int = Field(gt=0, description="fb_memory_usage total")
+    reserved_mib: int = Field(0, ge=0)
+    used_mib: int = Field(0, ge=0)
+    bar1_total_mib: int = Field(gt=0)
+    bar1_used_mib: int = Field(1, ge=0)
+    bus_width: int | None = Field(None, description="bits; None = not supported")
+
+
+class Power(Strict):
+    draw_w: Watts
+    limit_w: Watts
+    default_limit_w: Watts
+    min_limit_w: Watts
+    max_limit_w: Watts
+    management: bool = True
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Power:
+        if not self.min_limit_w <= self.default_limit_w <= self.max_limit_w:
+            raise ValueError("need min_limit_w <= default_limit_w <= max_limit_w")
+        if not self.min_limit_w <= self.limit_w <= self.max_limit_w:
+            raise ValueError("limit_w must lie within [min_limit_w, max_limit_w]")
+        return self
+
+
+class Temperature(Strict):
+    gpu: Celsius
+    memory: Celsius | None = None
+    shutdown: Celsius | None = None
+    slowdown: Celsius | None = None
+    gpu_max: Celsius | None = None
+    memory_max: Celsius | None = None
+
+
+class ClockSet(Strict):
+    graphics: Mhz | None = None
+    sm: Mhz | None = None
+    memory: Mhz | None = None
+    video: Mhz | None = None
+
+
+class SupportedClocks(Strict):
+    memory: Mhz
+    graphics: list[Mhz] = Field(default_factory=list, description="highest first")
+    graphics_range: tuple[Mhz, Mhz, Mhz] | None = Field(
+        None, description="[highest, lowest, step]: shorthand for an evenly spaced list"
+    )
+
+    def graphics_list(self) -> list[int]:
+        if self.graphics_range is None:
+            return list(self.graphics)
+        hi, lo, step = self.graphics_range
+        if step <= 0 or lo > hi:
+            raise ValueError("graphics_range needs highest >= lowest and a positive step")
+        return list(self.graphics) + list(range(hi, lo - 1, -step))
+
+
+class Clocks(Strict):
+    current: ClockSet
+    max: ClockSet
+    applications: ClockSet | None = None
+    default_applications: ClockSet | None = None
+    max_boost: ClockSet | None = None
+    supported: list[SupportedClocks] = Field(default_factory=list, max_length=8)
+
+    @field_validator("supported")
+    @classmethod
+    def _lists_fit(cls, v: list[SupportedClocks]) -> list[SupportedClocks]:
+        for entry in v:
+            if len(entry.graphics_list()) > 192:
+                raise ValueError(f"memory clock {entry.memory} MHz lists more than 192 graphics clocks")
+        return v
+
+
+class Utilization(Strict):
+    gpu: Percent = 0
+    memory: Percent = 0
+    encoder: Percent = 0
+    decoder: Percent = 0
+    jpeg: Percent = 0
+    ofa: Percent = 0
+
+
+class Modes(Strict):
+    persistence: bool = True
+    compute: Literal["Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process"] = "Default"
+    ecc: bool | None = True
+    mig: bool | None = Field(False, description="None: the board is not MIG capable")
+    display_attached: bool = False
+    display_active: bool = False
+    accounting: bool = False
+    accounting_buffer: int = 4000
+    virtualization: Literal["None", "Pass-Through", "vGPU", "Host vGPU", "Host vSGA"] = "None"
+    multi_gpu_board: bool = False
+    performance_state: int = Field(0, ge=0, le=15)
+
+
+class RowRemapping(Strict):
+    max_banks: int
+    correctable: int = 0
+    uncorrectable: int = 0
+    pending: bool = False
+    failure: bool = False
+
+
+class NvLink(Strict):
+    links: int = Field(0, ge=0, le=18)
+    version: int = Field(4, ge=1, le=6)
+    speed_gbps: float = Field(0, description="per link, as `nvidia-smi nvlink -s` shows it (GB/s)")
+    active: bool = True
+
+
+class Fabric(Strict):
+    state: Literal["Not Supported", "Not Started", "In Progress", "Completed"] = "Not Supported"
+    status: Literal["Success", "N/A"] = "Success"
+    clique_id: int = 0
+    cluster_uuid: str = "00000000-0000-0000-0000-000000000000"
+
+
+class Process(Strict):
+    pid: int
+    name: str
+    used_memory_mib: int
+    type: Literal["C", "G"] = "C"
+
+
+class GpuSpec(Strict):
+    """Everything one GPU reports. Per-GPU overrides are partial dictionaries of this."""
+
+    name: str = Field(min_length=1, max_length=95)
+    brand: Literal["NVIDIA", "Tesla", "Quadro", "GeForce", "Titan", "GRID", "NVS"] = "NVIDIA"
+    architecture: Literal["Kepler", "Maxwell", "Pascal", "Volta", "Turing", "Ampere", "Ada", "Hopper", "Blackwell"]
+    compute_capability: str = Field(pattern=r"^\d+\.\d+$")
+    cuda_cores: int | None = None
+    vbios_version: str
+    board_part_number: str
+    gpu_part_number: str
+    serial: str | None = Field(None, description="default: derived from the profile and index")
+    uuid: str | None = Field(None, description="default: derived from the profile and index")
+    module_id: int | None = None
+    pci: Pci
+    inforom: Inforom = Inforom()
+    memory: Memory
+    power: Power
+    temperature: Temperature
+    clocks: Clocks
+    utilization: Utilization = Utilization()
+    modes: Modes = Modes()
+    row_remapping: RowRemapping | None = None
+    retired_pages: bool = False
+    fans: int = 0
+    fan_speed: Percent = 0
+    nvlink: NvLink = NvLink()
+    fabric: Fabric = Fabric()
+    clocks_event_reasons: int = Field(1, description="bitmask; 1 = GPU idle")
+    supported_event_reasons: int = 0x1FF
+    pcie_replay_counter: int = 0
+    processes: list[Process] = Field(default_factory=list, max_length=16)
+    lost: bool = False
+
+
+class Topology(Strict):
+    bus_ids: list[str] = Field(default_factory=list, description="one per GPU; more are synthesized")
+    numa_nodes: int = Field(1, ge=1, le=64)
+    cpus: int = Field(0, ge=0, le=1024, description="CPUs on the node; 0 = this machine's count")
+    module_ids: list[int] = Field(default_factory=list)
+
+    @field_validator("bus_ids")
+    @classmethod
+    def _bus_ids(cls, v: list[str]) -> list[str]:
+        for item in v:
+            parse_bus_id(item)
+        if len(set(b.upper() for b in v)) != len(v):
+            raise ValueError("bus ids must be unique")
+        return [normalize_bus_id(b) for b in v]
+
+
+class Driver(Strict):
+    version: str = Field(DEFAULT_DRIVER, pattern=r"^\d+\.\d+(\.\d+)?$")
+    cuda: str = Field(DEFAULT_CUDA, pattern=r"^\d+\.\d+$")
+
+    @property
+    def cuda_int(self) -> int:
+        major, minor = self.cuda.split(".")
+        return int(major) * 1000 + int(minor) * 10
+
+
+class Profile(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    description: str = ""
+    source: str = Field("", description="where the values come from")
+    gpu_count: int = Field(8, ge=1, le=MAX_GPUS)
+    driver: Driver = Driver()
+    topology: Topology = Topology()
+    gpu: GpuSpec
+    gpus: dict[int, dict[str, Any]] = Field(default_factory=dict, description="per-GPU overrides by index")
+
+    @model_validator(mode="after")
+    def _overrides_valid(self) -> Profile:
+        for index, override in self.gpus.items():
+            if not 0 <= index < MAX_GPUS:
+                raise ValueError(f"gpus.{index}: index out of range 0..{MAX_GPUS - 1}")
+            try:
+                GpuSpec.model_validate(deep_merge(self.gpu.model_dump(), override))
+            except ValidationError as exc:
+                raise ValueError(f"gpus.{index}: {_first_error(exc)}") from None
+        return self
+
+    def with_count(self, count: int | None) -> Profile:
+        if count is None:
+            return self
+        data = self.model_dump()
+        data["gpu_count"] = count
+        return Profile.model_validate(data)
+
+    def devices(self) -> list[Device]:
+        """The concrete GPUs: the shared board, each override applied, identity filled in."""
+        base = self.gpu.model_dump()
+        out = []
+        for index in range(self.gpu_count):
+            spec = GpuSpec.model_validate(deep_merge(base, self.gpus.get(index, {})))
+            out.append(Device(index=index, spec=spec, bus_id=self._bus_id(index), numa_node=self._numa(index),
+                              module_id=self._module_id(index, spec), uuid=self._uuid(index, spec),
+                              serial=self._serial(index, spec)))
+        return out
+
+    def _bus_id(self, index: int) -> str:
+        if index < len(self.topology.bus_ids):
+            return self.topology.bus_ids[index]
+        taken = {parse_bus_id(b)[1] for b in self.topology.bus_ids}
+        free = [b for b in range(0x18, 0x100) if b not in taken]
+        return f"00000000:{free[index - len(self.topology.bus_ids)]:02X}:00.0"
+
+    def _numa(self, index: int) -> int:
+        per_node = max(1, -(-self.gpu_count // self.topology.numa_nodes))
+        return min(index // per_node, self.topology.numa_nodes - 1)
+
+    def _module_id(self, index: int, spec: GpuSpec) -> int:
+        if spec.module_id is not None and index in self.gpus and "module_id" in self.gpus[index]:
+            return spec.module_id
+        if index < len(self.topology.module_ids):
+            return self.topology.module_ids[index]
+        return spec.module_id if spec.module_id is not None and self.gpu_count == 1 else index + 1
+
+    def _uuid(self, index: int, spec: GpuSpec) -> str:
+        if spec.uuid and index in self.gpus and "uuid" in self.gpus[index]:
+            return spec.uuid
+        return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"mokka:{self.name}:{index}"))
+
+    def _serial(self, index: int, spec: GpuSpec) -> str:
+        if spec.serial and index in self.gpus and "serial" in self.gpus[index]:
+            return spec.serial
+        return f"{1650000000000 + index + 1}"
+
+
+class Device(BaseModel):
+    """One concrete GPU of a profile."""
+
+    model_config = ConfigDict(frozen=True)
+    index: int
+    spec: GpuSpec
+    bus_id: str
+    numa_node: int
+    module_id: int
+    uuid: str
+    serial: str
+
+
+def parse_bus_id(text: str) -> tuple[int, int, int, int]:
+    """``DDDDDDDD:BB:DD.F`` or ``DDDD:BB:DD.F`` → (domain, bus, device, function)."""
+    try:
+        dom, bus, devfn = text.split(":")
+        dev, fn = devfn.split(".")
+        values = int(dom, 16), int(bus, 16), int(dev, 16), int(fn, 16)
+    except ValueError:
+        raise ValueError(f"bad PCI bus id {text!r}: expected DDDDDDDD:BB:DD.F") from None
+    if values[1] > 0xFF or values[2] > 0x1F or values[3] > 7:
+        raise ValueError(f"bad PCI bus id {text!r}: bus, device or function out of range")
+    return values
+
+
+def normalize_bus_id(text: str) -> str:
+    dom, bus, dev, fn = parse_bus_id(text)
+    return f"{dom:08X}:{bus:02X}:{dev:02X}.{fn:X}"
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {err['msg']}"
+
+
+def format_errors(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid profile ({exc.error_count()} problem{'s' if exc.error_count() > 1 else ''})"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def builtin_names() -> list[str]:
+    folder = resources.files("nri_mokka") / "profiles"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_text(text: str, source: str) -> Profile:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ProfileError(f"{source}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{source}: a profile must be a YAML mapping, got {type(data).__name__}")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(format_errors(exc, source)) from None
+
+
+def load(name_or_path: str | Path) -> Profile:
+    """A built-in profile by name, or a user profile from a YAML file."""
+    text_name = str(name_or_path)
+    if text_name in builtin_names():
+        res = resources.files("nri_mokka") / "profiles" / f"{text_name}.yaml"
+        return load_text(res.read_text(), f"built-in profile {text_name}")
+    path = Path(text_name)
+    if not path.exists():
+        raise ProfileError(
+            f"{text_name}: no such profile file, and not a built-in profile ({', '.join(builtin_names())})"
+        )
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read: {exc.strerror}") from None
+    return load_text(text, str(path))
