@@ -455,7 +455,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetAutoBoostedClocksEnabled(nvmlDevice_t device, n
                                                           nvmlEnableState_t *default_enabled) {
     GET_GPU(device, g);
     (void)g;
-    NEED(enabled && default_enabled);
+    (void)enabled; (void)default_enabled;
     return NVML_ERROR_NOT_SUPPORTED; /* datacenter boards report N/A */
 }
 
@@ -1106,14 +1106,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuOperationMode(nvmlDevice_t device, nvmlGpuOp
                                                   nvmlGpuOperationMode_t *pending) {
     GET_GPU(device, g);
     (void)g;
-    NEED(current && pending);
+    (void)current; (void)pending;
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t device, nvmlDriverModel_t *current, nvmlDriverModel_t *pending) {
     GET_GPU(device, g);
     (void)g;
-    NEED(current && pending);
+    (void)current; (void)pending;
     return NVML_ERROR_NOT_SUPPORTED; /* Windows only */
 }
 EXPORT nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t device, nvmlDriverModel_t *current, nvmlDriverModel_t *pending) {
@@ -1133,7 +1133,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetAPIRestriction(nvmlDevice_t device, nvmlRestric
 EXPORT nvmlReturn_t nvmlDeviceGetHostVgpuMode(nvmlDevice_t device, nvmlHostVgpuMode_t *mode) {
     GET_GPU(device, g);
     (void)g;
-    NEED(mode);
+    (void)mode;
     return NVML_ERROR_NOT_SUPPORTED;
 }
 

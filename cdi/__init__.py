@@ -1,0 +1,1 @@
+"""CDI spec model, generator and validation (see the mock-node issue)."""

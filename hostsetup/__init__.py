@@ -1,0 +1,1 @@
+"""Host setup: driver-root staging, containerd configuration, cleanup."""

@@ -1,0 +1,42 @@
+"""The real nvidia-smi, from Debian's non-free archive, cached privately.
+
+Debian ships nvidia-smi 550 in trixie and 535 in bookworm; both binaries need only
+glibc and dlopen ``libnvidia-ml.so.1``, so they run against Mokka's library anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from . import debcache
+
+SUITES = {"550": "trixie", "535": "bookworm"}
+BINARY = Path("usr/lib/nvidia/current/nvidia-smi")
+
+
+def fetch(version: str, cache: Path | None = None) -> Path:
+    """Path of nvidia-smi ``version`` ("550" or "535"), downloading and unpacking it once."""
+    if version not in SUITES:
+        raise ValueError(f"no Debian nvidia-smi {version!r}; known: {', '.join(sorted(SUITES))}")
+    cache = cache or debcache.default_cache()
+    deb = debcache.fetch(SUITES[version], ["nvidia-smi"], cache)["nvidia-smi"]
+    dest = cache / "extract" / deb.stem
+    binary = dest / BINARY
+    if not binary.exists():
+        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        debcache.extract(deb, tmp)
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    return binary
+
+
+def find(preferred: str = "550") -> Path | None:
+    """An nvidia-smi already on this machine: the cache first, then PATH."""
+    cache = debcache.default_cache() / "extract"
+    for candidate in sorted(cache.glob(f"nvidia-smi_{preferred}*/{BINARY}")) + sorted(cache.glob(f"nvidia-smi_*/{BINARY}")):
+        return candidate
+    found = shutil.which("nvidia-smi")
+    return Path(found) if found else None

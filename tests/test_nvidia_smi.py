@@ -1,0 +1,172 @@
+"""The real nvidia-smi (Debian's 550 and 535) against the mock library, every mode."""
+
+from __future__ import annotations
+
+import csv
+import io
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import Staged
+from test_profile import BUILTINS
+
+pytestmark = pytest.mark.consumers
+
+Smi = tuple[str, Path]
+
+
+def arch_name(arch: str, smi_version: str) -> str:
+    """How nvidia-smi spells an architecture; 535/550 predate Blackwell and print Unknown."""
+    if arch == "Blackwell" and int(smi_version) < 570:
+        return "Unknown"
+    return {"Ada": "Ada Lovelace"}.get(arch, arch)
+
+
+def smi_run(staged: Staged, smi: Smi, *args: str, check: bool = True) -> str:
+    return staged.run([str(smi[1]), *args], check=check).stdout
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_plain(stage: Callable[..., Staged], smi: Smi, name: str) -> None:
+    staged = stage(name)
+    out = smi_run(staged, smi)
+    assert f"Driver Version: {staged.profile.driver.version}" in out
+    for dev in staged.profile.devices():
+        assert dev.bus_id in out
+        assert f"{dev.spec.memory.total_mib}MiB" in out
+        assert f"{round(dev.spec.power.limit_w)}W" in out
+    assert out.count(staged.profile.gpu.name[:20]) == staged.profile.gpu_count
+    assert "No running processes found" in out
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_list(stage: Callable[..., Staged], smi: Smi, name: str) -> None:
+    staged = stage(name)
+    lines = smi_run(staged, smi, "-L").splitlines()
+    expected = [f"GPU {d.index}: {d.spec.name} (UUID: {d.uuid})" for d in staged.profile.devices()]
+    assert lines == expected
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_query_xml(stage: Callable[..., Staged], smi: Smi, name: str) -> None:
+    staged = stage(name)
+    root = ET.fromstring(smi_run(staged, smi, "-q", "-x"))
+    gpus = root.findall("gpu")
+    assert len(gpus) == staged.profile.gpu_count
+    for gpu, dev in zip(gpus, staged.profile.devices(), strict=True):
+        s = dev.spec
+        assert gpu.get("id") == dev.bus_id
+        assert gpu.findtext("product_name") == s.name
+        assert gpu.findtext("product_architecture") == arch_name(s.architecture, smi[0])
+        assert gpu.findtext("uuid") == dev.uuid
+        assert gpu.findtext("serial") == dev.serial
+        assert gpu.findtext("vbios_version") == s.vbios_version
+        assert gpu.findtext("board_part_number") == s.board_part_number
+        assert gpu.findtext("pci/pci_device_id") == f"{s.pci.device_id:04X}10DE"
+        assert gpu.findtext("pci/pci_sub_system_id") == f"{s.pci.subsystem_device_id:04X}10DE"
+        assert gpu.findtext("pci/pci_gpu_link_info/pcie_gen/max_link_gen") == str(s.pci.max_link_gen)
+        assert gpu.findtext("fb_memory_usage/total") == f"{s.memory.total_mib} MiB"
+        assert gpu.findtext("bar1_memory_usage/total") == f"{s.memory.bar1_total_mib} MiB"
+        assert gpu.findtext("gpu_power_readings/max_power_limit") == f"{s.power.max_limit_w:.2f} W"
+        assert gpu.findtext("gpu_power_readings/min_power_limit") == f"{s.power.min_limit_w:.2f} W"
+        assert gpu.findtext("max_clocks/sm_clock") == f"{s.clocks.max.sm} MHz"
+        assert gpu.findtext("max_clocks/mem_clock") == f"{s.clocks.max.memory} MHz"
+        assert gpu.findtext("temperature/gpu_temp") == f"{s.temperature.gpu} C"
+        ecc = "N/A" if s.modes.ecc is None else ("Enabled" if s.modes.ecc else "Disabled")
+        assert gpu.findtext("ecc_mode/current_ecc") == ecc
+        mig = "N/A" if s.modes.mig is None else ("Enabled" if s.modes.mig else "Disabled")
+        assert gpu.findtext("mig_mode/current_mig") == mig
+        supported = gpu.findall("supported_clocks/supported_mem_clock")
+        assert [e.findtext("value") for e in supported] == [f"{c.memory} MHz" for c in s.clocks.supported]
+
+
+def test_query_text_single_gpu(stage: Callable[..., Staged], smi: Smi) -> None:
+    staged = stage("h100")
+    dev = staged.profile.devices()[5]
+    out = smi_run(staged, smi, "-q", "-i", "5")
+    assert out.count("Product Name") == 1
+    assert f"GPU {dev.bus_id}" in out
+    assert dev.uuid in out and dev.spec.vbios_version in out
+
+
+WIDE_FIELDS = [
+    "index", "name", "uuid", "serial", "pci.bus_id", "pci.device_id", "pci.sub_device_id", "driver_version",
+    "vbios_version", "memory.total", "memory.used", "memory.free", "power.draw", "power.limit",
+    "power.default_limit", "power.min_limit", "power.max_limit", "enforced.power.limit", "temperature.gpu",
+    "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem", "pstate", "compute_mode", "persistence_mode",
+    "ecc.mode.current", "mig.mode.current", "utilization.gpu", "utilization.memory", "pcie.link.gen.max",
+    "pcie.link.width.max", "display_mode", "count",
+]
+
+
+@pytest.mark.parametrize("name", ["h100", "a100", "t4"])
+def test_query_gpu_wide(stage: Callable[..., Staged], smi: Smi, name: str) -> None:
+    staged = stage(name)
+    out = smi_run(staged, smi, f"--query-gpu={','.join(WIDE_FIELDS)}", "--format=csv,noheader,nounits")
+    rows = list(csv.reader(io.StringIO(out), skipinitialspace=True))
+    assert len(rows) == staged.profile.gpu_count
+    for row, dev in zip(rows, staged.profile.devices(), strict=True):
+        got = dict(zip(WIDE_FIELDS, row, strict=True))
+        s = dev.spec
+        assert got["index"] == str(dev.index)
+        assert got["name"] == s.name
+        assert got["uuid"] == dev.uuid
+        assert got["pci.bus_id"] == dev.bus_id
+        assert got["pci.device_id"] == f"0x{s.pci.device_id:04X}10DE"
+        assert got["driver_version"] == staged.profile.driver.version
+        assert got["memory.total"] == str(s.memory.total_mib)
+        assert float(got["power.limit"]) == pytest.approx(s.power.limit_w)
+        assert float(got["power.max_limit"]) == pytest.approx(s.power.max_limit_w)
+        assert got["temperature.gpu"] == str(s.temperature.gpu)
+        assert got["clocks.max.sm"] == str(s.clocks.max.sm)
+        assert got["count"] == str(staged.profile.gpu_count)
+        assert got["pcie.link.gen.max"] == str(s.pci.max_link_gen)
+        for field, value in got.items():
+            assert "Uninitialized" not in value and "Unknown Error" not in value, f"{field}: {value}"
+
+
+def test_query_compute_apps_empty(stage: Callable[..., Staged], smi: Smi) -> None:
+    out = smi_run(stage("h100"), smi, "--query-compute-apps=pid,process_name,used_memory", "--format=csv")
+    assert out.strip().splitlines() == ["pid, process_name, used_gpu_memory [MiB]"]
+
+
+def test_visible_devices_renumber(stage: Callable[..., Staged], smi: Smi) -> None:
+    staged = stage("h100")
+    devices = staged.profile.devices()
+    out = staged.run([str(smi[1]), "-L"], NVIDIA_VISIBLE_DEVICES=f"1,{devices[3].uuid}").stdout.splitlines()
+    assert out == [
+        f"GPU 0: {devices[1].spec.name} (UUID: {devices[1].uuid})",
+        f"GPU 1: {devices[3].spec.name} (UUID: {devices[3].uuid})",
+    ]
+
+
+def test_topology_single_gpu(stage: Callable[..., Staged], smi: Smi) -> None:
+    out = smi_run(stage("h100", 1), smi, "topo", "-m")
+    assert "GPU0" in out and " X " in out
+
+
+def test_nvlink_status(stage: Callable[..., Staged], smi: Smi) -> None:
+    staged = stage("h100")
+    out = smi_run(staged, smi, "nvlink", "-s", "-i", "0")
+    links = [line for line in out.splitlines() if "Link" in line]
+    assert len(links) == staged.profile.gpu.nvlink.links
+    assert all("26.562 GB/s" in line for line in links)
+
+
+def test_mig_list_on_non_mig_gpus(stage: Callable[..., Staged], smi: Smi) -> None:
+    res = stage("h100").run([str(smi[1]), "mig", "-lgi"], check=False)
+    assert "No MIG-enabled devices found" in res.stdout
+
+
+@pytest.mark.parametrize("mode", ["dmon", "pmon"])
+def test_monitoring(stage: Callable[..., Staged], smi: Smi, mode: str) -> None:
+    staged = stage("h100", 2)
+    res = staged.run([str(smi[1]), mode, "-c", "1"], check=False, timeout=30)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Not supported" not in res.stdout
+    if mode == "dmon":
+        rows = [line.split() for line in res.stdout.splitlines() if not line.startswith("#")]
+        assert [r[0] for r in rows] == ["0", "1"]
