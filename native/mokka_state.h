@@ -47,6 +47,7 @@
 #define MOKKA_GPU_POWER_MANAGEMENT 64
 #define MOKKA_GPU_REMAP_PENDING 128
 #define MOKKA_GPU_REMAP_FAILURE 256
+#define MOKKA_GPU_TLIMIT 512         /* reports T.Limit-relative thresholds (Ada and later) */
 
 typedef struct {
     uint32_t pid;
@@ -93,6 +94,8 @@ typedef struct {
     uint32_t pcie_cur_gen;
     uint32_t pcie_max_width;
     uint32_t pcie_cur_width;
+    uint32_t pcie_device_max_gen;   /* what the GPU could do; pcie_max_gen is what the link allows */
+    uint32_t c2c_mode;              /* MOKKA_NA: no C2C link */
     uint32_t pcie_replay_counter;
     uint32_t pcie_tx_kbps;
     uint32_t pcie_rx_kbps;
@@ -116,6 +119,12 @@ typedef struct {
     uint32_t power_max_limit;
     uint32_t power_enforced_limit;
     uint64_t energy_mj;
+    uint32_t memory_power_usage;    /* MOKKA_NA: not metered */
+    uint32_t module_power_usage;    /* module (superchip) scope; MOKKA_NA: not a module */
+    uint32_t module_power_limit;
+    uint32_t module_power_default_limit;
+    uint32_t module_power_min_limit;
+    uint32_t module_power_max_limit;
 
     /* temperatures */
     uint32_t temp_gpu;

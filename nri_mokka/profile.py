@@ -76,6 +76,7 @@ class Pci(Strict):
     max_link_width: int = Field(16, ge=1, le=32)
     current_link_gen: int | None = None
     current_link_width: int | None = None
+    device_max_link_gen: int | None = Field(None, description="what the GPU supports when the host limits the link")
 
     @field_validator("device_id", "subsystem_device_id", "vendor_id", "subsystem_vendor_id")
     @classmethod
@@ -93,7 +94,7 @@ class Inforom(Strict):
 
 
 class Memory(Strict):
-    total_mib: int = Field(gt=0, description="fb_memory_usage total")
+    total_mib: float = Field(gt=0, description="fb_memory_usage total; fractional when the board's byte count is")
     reserved_mib: int = Field(0, ge=0)
     used_mib: int = Field(0, ge=0)
     bar1_total_mib: int = Field(gt=0)
@@ -101,21 +102,26 @@ class Memory(Strict):
     bus_width: int | None = Field(None, description="bits; None = not supported")
 
 
-class Power(Strict):
+class PowerLimits(Strict):
     draw_w: Watts
     limit_w: Watts
     default_limit_w: Watts
     min_limit_w: Watts
     max_limit_w: Watts
-    management: bool = True
 
     @model_validator(mode="after")
-    def _ordered(self) -> Power:
+    def _ordered(self) -> PowerLimits:
         if not self.min_limit_w <= self.default_limit_w <= self.max_limit_w:
             raise ValueError("need min_limit_w <= default_limit_w <= max_limit_w")
         if not self.min_limit_w <= self.limit_w <= self.max_limit_w:
             raise ValueError("limit_w must lie within [min_limit_w, max_limit_w]")
         return self
+
+
+class Power(PowerLimits):
+    management: bool = True
+    memory_draw_w: Watts | None = Field(None, description="HBM power reading; None = not metered")
+    module: PowerLimits | None = Field(None, description="superchip module scope (GB200, GB300)")
 
 
 class Temperature(Strict):
@@ -187,6 +193,7 @@ class Modes(Strict):
     accounting_buffer: int = 4000
     virtualization: Literal["None", "Pass-Through", "vGPU", "Host vGPU", "Host vSGA"] = "None"
     multi_gpu_board: bool = False
+    c2c: bool | None = Field(None, description="chip-to-chip link mode; None = no C2C link")
     performance_state: int = Field(0, ge=0, le=15)
 
 

@@ -130,6 +130,8 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
         flags |= const("MOKKA_GPU_RETIRE_SUPPORTED")
     if s.power.management:
         flags |= const("MOKKA_GPU_POWER_MANAGEMENT")
+    if s.architecture in ("Ada", "Hopper", "Blackwell"):
+        flags |= const("MOKKA_GPU_TLIMIT")
     g.flags = flags
     g.num_cores = _opt(s.cuda_cores)
     g.memory_bus_width = _opt(s.memory.bus_width)
@@ -144,6 +146,8 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
     g.pcie_cur_gen = p.current_link_gen or p.max_link_gen
     g.pcie_max_width = p.max_link_width
     g.pcie_cur_width = p.current_link_width or p.max_link_width
+    g.pcie_device_max_gen = p.device_max_link_gen or p.max_link_gen
+    g.c2c_mode = _opt(None if s.modes.c2c is None else int(s.modes.c2c))
     g.pcie_replay_counter = s.pcie_replay_counter
     g.numa_node = device.numa_node if profile.topology.numa_nodes > 1 else na()
     g.irq = 0
@@ -151,7 +155,7 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
         g.cpu_affinity[i] = word
 
     m = s.memory
-    g.mem_total = m.total_mib * MIB
+    g.mem_total = round(m.total_mib * MIB)
     g.mem_reserved = m.reserved_mib * MIB
     g.mem_used = m.used_mib * MIB
     g.bar1_total = m.bar1_total_mib * MIB
@@ -165,6 +169,13 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
     g.power_max_limit = round(pw.max_limit_w * 1000)
     g.power_enforced_limit = round(pw.limit_w * 1000)
     g.energy_mj = 0
+    g.memory_power_usage = _opt(None if pw.memory_draw_w is None else round(pw.memory_draw_w * 1000))
+    mod = pw.module
+    g.module_power_usage = _opt(None if mod is None else round(mod.draw_w * 1000))
+    g.module_power_limit = _opt(None if mod is None else round(mod.limit_w * 1000))
+    g.module_power_default_limit = _opt(None if mod is None else round(mod.default_limit_w * 1000))
+    g.module_power_min_limit = _opt(None if mod is None else round(mod.min_limit_w * 1000))
+    g.module_power_max_limit = _opt(None if mod is None else round(mod.max_limit_w * 1000))
 
     t = s.temperature
     g.temp_gpu = t.gpu

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nri_mokka import profile, state
 
@@ -48,15 +49,17 @@ def test_gpu_count_bounds() -> None:
 
 
 def test_overrides_apply_to_one_gpu(tmp_path: Path) -> None:
-    base = Path(profile.__file__).parent / "profiles" / "h100.yaml"
-    text = base.read_text() + "gpus:\n  3:\n    temperature: {gpu: 81}\n    power: {draw_w: 650}\n"
+    data = yaml.safe_load((Path(profile.__file__).parent / "profiles" / "h100.yaml").read_text())
+    data["name"] = "hot"
+    data.setdefault("gpus", {}).setdefault(3, {}).update({"temperature": {"gpu": 81}, "power": {"draw_w": 650}})
     f = tmp_path / "hot.yaml"
-    f.write_text(text.replace("name: h100", "name: hot"))
+    f.write_text(yaml.safe_dump(data))
+    base = profile.load("h100").devices()
     devices = profile.load(f).devices()
     assert devices[3].spec.temperature.gpu == 81
     assert devices[3].spec.power.draw_w == 650
-    assert devices[2].spec.temperature.gpu == 29
-    assert devices[3].spec.temperature.shutdown == 95  # untouched fields keep the board's value
+    assert devices[2].spec == base[2].spec
+    assert devices[3].spec.temperature.shutdown == base[3].spec.temperature.shutdown  # untouched fields stay
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -86,7 +89,9 @@ def test_wrong_type_is_named(tmp_path: Path) -> None:
 
 def test_bad_override_is_named(tmp_path: Path) -> None:
     base = (Path(profile.__file__).parent / "profiles" / "h100.yaml").read_text()
-    f = _write(tmp_path, base + "gpus:\n  2:\n    memory: {totl_mib: 5}\n")
+    data = yaml.safe_load(base)
+    data.setdefault("gpus", {})[2] = {"memory": {"totl_mib": 5}}
+    f = _write(tmp_path, yaml.safe_dump(data))
     with pytest.raises(profile.ProfileError) as exc:
         profile.load(f)
     assert "gpus.2" in str(exc.value) and "totl_mib" in str(exc.value)

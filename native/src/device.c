@@ -187,7 +187,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoExt_
 }
 
 U32_GETTER(nvmlDeviceGetMaxPcieLinkGeneration, pcie_max_gen)
-U32_GETTER(nvmlDeviceGetGpuMaxPcieLinkGeneration, pcie_max_gen)
+U32_GETTER(nvmlDeviceGetGpuMaxPcieLinkGeneration, pcie_device_max_gen)
 U32_GETTER(nvmlDeviceGetMaxPcieLinkWidth, pcie_max_width)
 U32_GETTER(nvmlDeviceGetCurrPcieLinkGeneration, pcie_cur_gen)
 U32_GETTER(nvmlDeviceGetCurrPcieLinkWidth, pcie_cur_width)
@@ -739,9 +739,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetAccountingPids(nvmlDevice_t device, unsigned in
 
 EXPORT nvmlReturn_t nvmlDeviceGetC2cModeInfoV(nvmlDevice_t device, nvmlC2cModeInfo_v1_t *info) {
     GET_GPU(device, g);
-    (void)g;
     NEED(info);
-    info->isC2cEnabled = 0;
+    if (mokka_is_na(g->c2c_mode)) return NVML_ERROR_NOT_SUPPORTED;
+    info->isC2cEnabled = g->c2c_mode;
     return NVML_SUCCESS;
 }
 

@@ -16,6 +16,63 @@ static void set_ui(nvmlFieldValue_t *f, unsigned v) {
     f->nvmlReturn = NVML_SUCCESS;
 }
 
+static void set_si(nvmlFieldValue_t *f, int v) {
+    f->valueType = NVML_VALUE_TYPE_SIGNED_INT;
+    f->value.siVal = v;
+    f->nvmlReturn = NVML_SUCCESS;
+}
+
+/* Power fields carry a scope in scopeId: the GPU, the whole module (superchips), or memory. */
+static void power_field(const mokka_gpu_t *g, nvmlFieldValue_t *f) {
+    uint32_t v = (uint32_t)MOKKA_NA;
+    int instant = f->fieldId == NVML_FI_DEV_POWER_AVERAGE || f->fieldId == NVML_FI_DEV_POWER_INSTANT;
+    switch (f->scopeId) {
+    case NVML_POWER_SCOPE_GPU:
+        switch (f->fieldId) {
+        case NVML_FI_DEV_POWER_MIN_LIMIT: v = g->power_min_limit; break;
+        case NVML_FI_DEV_POWER_MAX_LIMIT: v = g->power_max_limit; break;
+        case NVML_FI_DEV_POWER_DEFAULT_LIMIT: v = g->power_default_limit; break;
+        case NVML_FI_DEV_POWER_CURRENT_LIMIT:
+        case NVML_FI_DEV_POWER_REQUESTED_LIMIT: v = g->power_limit; break;
+        default: v = g->power_usage;
+        }
+        break;
+    case NVML_POWER_SCOPE_MODULE:
+        switch (f->fieldId) {
+        case NVML_FI_DEV_POWER_MIN_LIMIT: v = g->module_power_min_limit; break;
+        case NVML_FI_DEV_POWER_MAX_LIMIT: v = g->module_power_max_limit; break;
+        case NVML_FI_DEV_POWER_DEFAULT_LIMIT: v = g->module_power_default_limit; break;
+        case NVML_FI_DEV_POWER_CURRENT_LIMIT:
+        case NVML_FI_DEV_POWER_REQUESTED_LIMIT: v = g->module_power_limit; break;
+        default: v = g->module_power_usage;
+        }
+        break;
+    case NVML_POWER_SCOPE_MEMORY:
+        if (f->fieldId == NVML_FI_DEV_POWER_AVERAGE) v = g->memory_power_usage;
+        break;
+    default: f->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT; return;
+    }
+    (void)instant;
+    if (!mokka_is_na(v)) set_ui(f, v);
+}
+
+/* T.Limit thresholds (Ada and later): how far each threshold lies from the GPU's
+ * max operating temperature, in degrees; negative means above it. */
+static void tlimit_field(const mokka_gpu_t *g, nvmlFieldValue_t *f) {
+    uint32_t gpu_max = g->thresholds[NVML_TEMPERATURE_THRESHOLD_GPU_MAX];
+    if (!(g->flags & MOKKA_GPU_TLIMIT) || mokka_is_na(gpu_max)) return;
+    uint32_t th = (uint32_t)MOKKA_NA;
+    switch (f->fieldId) {
+    case NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT: th = g->thresholds[NVML_TEMPERATURE_THRESHOLD_SHUTDOWN]; break;
+    case NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT: th = g->thresholds[NVML_TEMPERATURE_THRESHOLD_SLOWDOWN]; break;
+    case NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT: th = gpu_max; break;
+    case NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT:
+        if (!mokka_is_na(g->thresholds[NVML_TEMPERATURE_THRESHOLD_MEM_MAX])) set_si(f, 0);
+        return;
+    }
+    if (!mokka_is_na(th)) set_si(f, (int)gpu_max - (int)th);
+}
+
 static unsigned long long ecc_total(const mokka_gpu_t *g, int type, int counter) {
     unsigned long long sum = 0;
     for (unsigned i = 0; i < MOKKA_ECC_LOCATIONS; i++) sum += g->ecc_counts[type][counter][i];
@@ -41,12 +98,16 @@ static void one_field(const mokka_gpu_t *g, nvmlFieldValue_t *f) {
     case NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
     case NVML_FI_DEV_ENERGY: set_u(f, mokka_energy_mj(g)); break;
     case NVML_FI_DEV_POWER_AVERAGE:
-    case NVML_FI_DEV_POWER_INSTANT: set_ui(f, g->power_usage); break;
-    case NVML_FI_DEV_POWER_MIN_LIMIT: set_ui(f, g->power_min_limit); break;
-    case NVML_FI_DEV_POWER_MAX_LIMIT: set_ui(f, g->power_max_limit); break;
-    case NVML_FI_DEV_POWER_DEFAULT_LIMIT: set_ui(f, g->power_default_limit); break;
+    case NVML_FI_DEV_POWER_INSTANT:
+    case NVML_FI_DEV_POWER_MIN_LIMIT:
+    case NVML_FI_DEV_POWER_MAX_LIMIT:
+    case NVML_FI_DEV_POWER_DEFAULT_LIMIT:
     case NVML_FI_DEV_POWER_CURRENT_LIMIT:
-    case NVML_FI_DEV_POWER_REQUESTED_LIMIT: set_ui(f, g->power_limit); break;
+    case NVML_FI_DEV_POWER_REQUESTED_LIMIT: power_field(g, f); break;
+    case NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT:
+    case NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT:
+    case NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT:
+    case NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT: tlimit_field(g, f); break;
     case NVML_FI_DEV_PCIE_REPLAY_COUNTER: set_ui(f, g->pcie_replay_counter); break;
     case NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER: set_ui(f, 0); break;
     case NVML_FI_DEV_REMAPPED_COR: if (remap) set_u(f, g->remap_correctable); break;

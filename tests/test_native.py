@@ -1,0 +1,188 @@
+"""The native library itself: exported symbols, layout agreement, concurrency, sanitizers, fuzzing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import Staged
+from nri_mokka import native, state
+
+REPO = Path(__file__).resolve().parent.parent
+NATIVE = REPO / "native"
+
+
+def exported(lib: Path) -> set[str]:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], check=True, capture_output=True, text=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.split()[1] in "TtWiV"}
+
+
+def test_exports_whole_symbol_sets() -> None:
+    names = exported(native.library_path())
+    for listing in sorted((NATIVE / "symbols").glob("*.txt")):
+        wanted = set(listing.read_text().split())
+        missing = wanted - names
+        assert not missing, f"{listing.name}: {len(missing)} missing, e.g. {sorted(missing)[:5]}"
+
+
+def test_exports_only_nvml() -> None:
+    names = exported(native.library_path())
+    stray = {n for n in names if not n.startswith("nvml")}
+    assert not stray, f"non-NVML symbols leak out of the library: {sorted(stray)}"
+
+
+def test_no_runtime_dependencies_beyond_libc() -> None:
+    out = subprocess.run(["readelf", "-d", str(native.library_path())], check=True, capture_output=True, text=True).stdout
+    needed = {line.split("[")[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line}
+    assert needed <= {"libc.so.6", "libpthread.so.0", "libdl.so.2"}, needed
+
+
+LAYOUT_PROBE = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include "mokka_state.h"
+#define P(t, f) printf("%s.%s %zu\n", #t, #f, offsetof(t, f));
+int main(void) {
+    printf("mokka_header_t %zu\nmokka_gpu_t %zu\nmokka_process_t %zu\n", sizeof(mokka_header_t), sizeof(mokka_gpu_t), sizeof(mokka_process_t));
+    P(mokka_header_t, seq) P(mokka_header_t, driver_version) P(mokka_header_t, cuda_version) P(mokka_header_t, profile)
+    P(mokka_gpu_t, uuid) P(mokka_gpu_t, pci_device_id) P(mokka_gpu_t, cpu_affinity) P(mokka_gpu_t, mem_total)
+    P(mokka_gpu_t, power_usage) P(mokka_gpu_t, energy_mj) P(mokka_gpu_t, thresholds) P(mokka_gpu_t, gfx_clocks)
+    P(mokka_gpu_t, clocks_event_reasons) P(mokka_gpu_t, ecc_counts) P(mokka_gpu_t, cluster_uuid) P(mokka_gpu_t, procs)
+    P(mokka_gpu_t, xid_count) P(mokka_gpu_t, last_xid)
+    return 0;
+}
+"""
+
+
+def test_python_and_c_agree_on_the_layout(tmp_path: Path) -> None:
+    src = tmp_path / "probe.c"
+    src.write_text(LAYOUT_PROBE)
+    exe = tmp_path / "probe"
+    subprocess.run(["cc", "-I", str(NATIVE), "-o", str(exe), str(src)], check=True)
+    ffi = state.ffi()
+    for line in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines():
+        what, value = line.rsplit(" ", 1)
+        if "." in what:
+            typ, field = what.split(".")
+            assert ffi.offsetof(typ, field) == int(value), what
+        else:
+            assert ffi.sizeof(what) == int(value), what
+
+
+READER = r"""
+import ctypes, sys, pynvml as N
+N.nvmlInit()
+h = N.nvmlDeviceGetHandleByIndex(0)
+torn = 0
+for _ in range(int(sys.argv[1])):
+    m = N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2)
+    if m.used != m.reserved:
+        torn += 1
+print(torn)
+"""
+
+
+def test_live_updates_are_never_torn(tmp_path: Path, stage: Callable[..., Staged]) -> None:
+    """A writer keeps used == reserved in every update; readers must never see them differ."""
+    staged = stage("h100", 1)
+    live = tmp_path / "state.bin"
+    shutil.copyfile(staged.root.state, live)
+    inode = live.stat().st_ino
+    stop = threading.Event()
+
+    def writer() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+
+            def change(h: object, gpus: object) -> None:
+                g = gpus[0]  # type: ignore[index]
+                g.mem_used = n << 20
+                g.mem_reserved = n << 20
+
+            state.update(live, change)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        res = staged.run([sys.executable, "-c", READER, "20000"], MOKKA_STATE=str(live))
+    finally:
+        stop.set()
+        t.join()
+    assert res.stdout.strip() == "0"
+    assert live.stat().st_ino == inode, "updates must rewrite in place, never replace the file"
+
+
+def test_update_is_visible_to_a_running_reader(tmp_path: Path, stage: Callable[..., Staged]) -> None:
+    staged = stage("h100", 1)
+    live = tmp_path / "state.bin"
+    shutil.copyfile(staged.root.state, live)
+    code = (
+        "import pynvml as N, sys\n"
+        "N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(0)\n"
+        "print(N.nvmlDeviceGetTemperature(h, 0), flush=True); sys.stdin.readline()\n"
+        "print(N.nvmlDeviceGetTemperature(h, 0), flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], env=staged.env(MOKKA_STATE=str(live)),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdin is not None
+    first = proc.stdout.readline().strip()
+
+    def heat(h: object, gpus: object) -> None:
+        gpus[0].temp_gpu = 91  # type: ignore[index]
+
+    state.update(live, heat)
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    second = proc.stdout.readline().strip()
+    proc.wait(timeout=10)
+    assert (first, second) == (str(staged.profile.gpu.temperature.gpu), "91")
+
+
+@pytest.fixture(scope="session")
+def asan_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    build = tmp_path_factory.mktemp("asan")
+    subprocess.run(["make", "-s", "-C", str(NATIVE), f"BUILD={build}", f"PYTHON={sys.executable}", "asan"], check=True)
+    return build / "asan" / "libnvidia-ml.so"
+
+
+@pytest.mark.consumers
+def test_sanitizer_build_under_nvidia_smi(asan_lib: Path, stage: Callable[..., Staged], smi: tuple[str, Path],
+                                          tmp_path: Path) -> None:
+    """nvidia-smi in its heaviest modes over the ASan/UBSan build: any memory error aborts."""
+    staged = stage("h100")
+    libdir = tmp_path / "lib"
+    libdir.mkdir()
+    shutil.copy(asan_lib, libdir / "libnvidia-ml.so.1")
+    libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], check=True, capture_output=True, text=True).stdout.strip()
+    env = {
+        "PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(libdir), "MOKKA_STATE": str(staged.root.state),
+        "LD_PRELOAD": libasan, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1", "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+    }
+    for args in (["-q", "-x"], ["-q"], [], ["-L"], ["--query-gpu=name,uuid,pci.bus_id,power.draw", "--format=csv"],
+                 ["nvlink", "-s"], ["topo", "-m"]):
+        res = subprocess.run([str(smi[1]), *args], env=env, capture_output=True, text=True, timeout=120)
+        assert "ERROR: AddressSanitizer" not in res.stderr and "runtime error" not in res.stderr, res.stderr[-3000:]
+        assert res.returncode in (0, 6, 255) or args == ["topo", "-m"], (args, res.returncode, res.stderr[-2000:])
+
+
+@pytest.mark.slow
+def test_fuzz_state_loader(tmp_path: Path, stage: Callable[..., Staged]) -> None:
+    if not shutil.which("clang"):
+        pytest.fail("clang is required for the fuzz target (installed by .ci/run)")
+    build = tmp_path / "build"
+    subprocess.run(["make", "-s", "-C", str(NATIVE), f"BUILD={build}", f"PYTHON={sys.executable}", "fuzz"], check=True)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copy(stage("h100", 2).root.state, corpus / "h100x2")
+    shutil.copy(stage("t4").root.state, corpus / "t4")
+    res = subprocess.run([str(build / "fuzz_state"), "-max_total_time=15", "-max_len=200000", str(corpus)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
