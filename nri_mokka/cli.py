@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 import yaml
 
-from . import __version__, profile as profiles
+from . import __version__, nvidia_smi
+from . import profile as profiles
 from .native import NativeMissing
 from .state import StateError
 
@@ -129,6 +130,45 @@ def driver_root_cmd(profile_name: str, gpus: int | None, out: Path) -> None:
     click.echo(f"  library: {root.library}")
     click.echo(f"  state:   {root.state}")
     click.echo(f"try: LD_LIBRARY_PATH={root.libdir} nvidia-smi")
+
+
+@main.command("exec", context_settings={"ignore_unknown_options": True})
+@click.option("--profile", "profile_name", default="h100", show_default=True,
+              help="Built-in profile name or a profile YAML file.")
+@GPUS_OPTION
+@click.option("--smi-version", type=click.Choice(sorted(nvidia_smi.SUITES)), default="550", show_default=True,
+              help="Debian nvidia-smi to use when the command is `nvidia-smi` and none is installed.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND against a throw-away mock driver root.
+
+    Stages the profile in a temporary directory, points LD_LIBRARY_PATH at it and runs
+    COMMAND. `nvidia-smi` is taken from PATH, else Debian's build is fetched into the
+    cache (~/.cache/mokka). Example: `mokka exec --profile a100 -- nvidia-smi -q`.
+    """
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from . import driver_root
+
+    p = load_profile(profile_name, gpus)
+    argv = list(command)
+    if argv[0] == "nvidia-smi" and not shutil.which("nvidia-smi"):
+        try:
+            click.echo(f"fetching Debian's nvidia-smi {smi_version} into the cache...", err=True)
+            argv[0] = str(nvidia_smi.fetch(smi_version))
+        except Exception as exc:  # noqa: BLE001 - any fetch failure is reported the same way
+            fail(f"cannot get nvidia-smi {smi_version}: {exc}")
+    with tempfile.TemporaryDirectory(prefix="mokka-exec-") as tmp:
+        root = driver_root.stage(p, Path(tmp))
+        env = dict(os.environ, LD_LIBRARY_PATH=str(root.libdir))
+        try:
+            code = subprocess.run(argv, env=env, check=False).returncode
+        except FileNotFoundError:
+            fail(f"{argv[0]}: command not found", 127)
+    sys.exit(code)
 
 
 @main.command("bench")

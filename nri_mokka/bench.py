@@ -1,0 +1,100 @@
+"""`mokka bench`: measure the mock NVML library and print the figures side by side.
+
+Figures (medians over repeated runs, never asserted in tests):
+  * ns per call of nvmlDeviceGetPowerUsage / nvmlDeviceGetMemoryInfo (C loop, 1M calls)
+  * dlopen and nvmlInit_v2 time in a fresh process
+  * wall time and peak RSS of `nvidia-smi -q -x` with the mock, against nvidia-smi with
+    no NVML library at all (it exits at once: the floor of its own start-up cost)
+  * the library's size on disk
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import driver_root, nvidia_smi
+from .native import library_path
+from .profile import Profile
+
+NATIVE = Path(__file__).resolve().parent.parent / "native"
+TARGETS = {"call_ns": 30.0, "init_us": 100.0, "rss_overhead_mb": 0.5, "library_mb": 1.0}
+
+
+def bench_binary() -> Path:
+    exe = NATIVE / "build" / "bench_nvml"
+    if not exe.exists():
+        if not (NATIVE / "Makefile").exists():
+            raise SystemExit("mokka bench needs a source checkout (native/bench is not installed)")
+        subprocess.run(["make", "-s", "-C", str(NATIVE), f"PYTHON={sys.executable}", "bench"], check=True)
+    return exe
+
+
+def _kv(text: str) -> dict[str, float]:
+    return {k: float(v) for k, v in (line.split() for line in text.splitlines() if line.strip())}
+
+
+def timed_child(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, _, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    return wall, usage.ru_maxrss / 1024
+
+
+def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None:
+    exe = bench_binary()
+    with tempfile.TemporaryDirectory(prefix="mokka-bench-") as tmp:
+        root = driver_root.stage(profile, Path(tmp) / "root")
+        lib = str(root.libdir / "libnvidia-ml.so.1")
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        print(f"profile {profile.name}: {profile.gpu_count}x {profile.gpu.name}", flush=True)
+
+        out = _kv(subprocess.run([str(exe), lib, "calls", str(calls)], env=env, check=True,
+                                 capture_output=True, text=True).stdout)
+        inits = [_kv(subprocess.run([str(exe), lib, "init"], env=env, check=True, capture_output=True,
+                                    text=True).stdout) for _ in range(31)]
+        init_us = statistics.median(i["init_us"] for i in inits)
+        load_us = statistics.median(i["load_us"] for i in inits)
+        size_mb = library_path().stat().st_size / 1e6
+
+        print(f"{'figure':<44}{'mock':>12}{'target':>12}{'ratio':>9}")
+        rows = [
+            ("nvmlDeviceGetPowerUsage (ns/call)", out["power_ns"], TARGETS["call_ns"]),
+            ("nvmlDeviceGetMemoryInfo (ns/call)", out["memory_ns"], TARGETS["call_ns"]),
+            ("nvmlInit_v2 in a fresh process (us)", init_us, TARGETS["init_us"]),
+            ("dlopen of the library (us)", load_us, None),
+            ("library size (MB)", size_mb, TARGETS["library_mb"]),
+        ]
+        for name, value, target in rows:
+            ratio = f"{value / target:.2f}" if target else ""
+            print(f"{name:<44}{value:>12.2f}{(target or 0):>12.2f}{ratio:>9}" if target else f"{name:<44}{value:>12.2f}")
+
+        smi_path = Path(smi) if smi else nvidia_smi.find()
+        if smi_path is None:
+            print("nvidia-smi: not found (pass --nvidia-smi or run the tests once to cache Debian's)")
+            return
+        empty = Path(tmp) / "nolib"
+        empty.mkdir()
+        with_mock = [timed_child([str(smi_path), "-q", "-x"], {**env, "LD_LIBRARY_PATH": str(root.libdir)})
+                     for _ in range(rounds)]
+        bare = [timed_child([str(smi_path), "-q", "-x"], {**env, "LD_LIBRARY_PATH": str(empty)})
+                for _ in range(rounds)]
+        wall_mock = statistics.median(w for w, _ in with_mock) * 1000
+        wall_bare = statistics.median(w for w, _ in bare) * 1000
+        rss_mock = statistics.median(r for _, r in with_mock)
+        rss_bare = statistics.median(r for _, r in bare)
+        print(f"nvidia-smi -q -x ({smi_path.parent.parent.parent.parent.parent.name or smi_path}), "
+              f"median of {rounds}:")
+        print(f"{'':<24}{'with mock':>12}{'no library':>12}{'ratio':>9}{'overhead':>10}")
+        print(f"{'wall time (ms)':<24}{wall_mock:>12.2f}{wall_bare:>12.2f}{wall_mock / wall_bare:>9.2f}"
+              f"{wall_mock - wall_bare:>10.2f}")
+        print(f"{'peak RSS (MiB)':<24}{rss_mock:>12.2f}{rss_bare:>12.2f}{rss_mock / rss_bare:>9.2f}"
+              f"{rss_mock - rss_bare:>10.2f}")
+        print(f"target: peak RSS overhead <= {TARGETS['rss_overhead_mb']} MB")
