@@ -56,10 +56,15 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         print(f"profile {profile.name}: {profile.gpu_count}x {profile.gpu.name}", flush=True)
 
-        out = _kv(subprocess.run([str(exe), lib, "calls", str(calls)], env=env, check=True,
-                                 capture_output=True, text=True).stdout)
-        inits = [_kv(subprocess.run([str(exe), lib, "init"], env=env, check=True, capture_output=True,
-                                    text=True).stdout) for _ in range(31)]
+        out = _kv(
+            subprocess.run(
+                [str(exe), lib, "calls", str(calls)], env=env, check=True, capture_output=True, text=True
+            ).stdout
+        )
+        inits = [
+            _kv(subprocess.run([str(exe), lib, "init"], env=env, check=True, capture_output=True, text=True).stdout)
+            for _ in range(31)
+        ]
         init_us = statistics.median(i["init_us"] for i in inits)
         load_us = statistics.median(i["load_us"] for i in inits)
         size_mb = library_path().stat().st_size / 1e6
@@ -74,7 +79,9 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
         ]
         for name, value, target in rows:
             ratio = f"{value / target:.2f}" if target else ""
-            print(f"{name:<44}{value:>12.2f}{(target or 0):>12.2f}{ratio:>9}" if target else f"{name:<44}{value:>12.2f}")
+            print(
+                f"{name:<44}{value:>12.2f}{(target or 0):>12.2f}{ratio:>9}" if target else f"{name:<44}{value:>12.2f}"
+            )
 
         smi_path = Path(smi) if smi else nvidia_smi.find()
         if smi_path is None:
@@ -82,19 +89,23 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
             return
         empty = Path(tmp) / "nolib"
         empty.mkdir()
-        with_mock = [timed_child([str(smi_path), "-q", "-x"], {**env, "LD_LIBRARY_PATH": str(root.libdir)})
-                     for _ in range(rounds)]
-        bare = [timed_child([str(smi_path), "-q", "-x"], {**env, "LD_LIBRARY_PATH": str(empty)})
-                for _ in range(rounds)]
+        with_mock = [
+            timed_child([str(smi_path), "-q", "-x"], {**env, "LD_LIBRARY_PATH": str(root.libdir)})
+            for _ in range(rounds)
+        ]
+        bare = [timed_child([str(smi_path), "-q", "-x"], {**env, "LD_LIBRARY_PATH": str(empty)}) for _ in range(rounds)]
         wall_mock = statistics.median(w for w, _ in with_mock) * 1000
         wall_bare = statistics.median(w for w, _ in bare) * 1000
         rss_mock = statistics.median(r for _, r in with_mock)
         rss_bare = statistics.median(r for _, r in bare)
-        print(f"nvidia-smi -q -x ({smi_path.parent.parent.parent.parent.parent.name or smi_path}), "
-              f"median of {rounds}:")
+        print(f"nvidia-smi -q -x ({smi_path.parent.parent.parent.parent.parent.name or smi_path}), median of {rounds}:")
         print(f"{'':<24}{'with mock':>12}{'no library':>12}{'ratio':>9}{'overhead':>10}")
-        print(f"{'wall time (ms)':<24}{wall_mock:>12.2f}{wall_bare:>12.2f}{wall_mock / wall_bare:>9.2f}"
-              f"{wall_mock - wall_bare:>10.2f}")
-        print(f"{'peak RSS (MiB)':<24}{rss_mock:>12.2f}{rss_bare:>12.2f}{rss_mock / rss_bare:>9.2f}"
-              f"{rss_mock - rss_bare:>10.2f}")
+        print(
+            f"{'wall time (ms)':<24}{wall_mock:>12.2f}{wall_bare:>12.2f}{wall_mock / wall_bare:>9.2f}"
+            f"{wall_mock - wall_bare:>10.2f}"
+        )
+        print(
+            f"{'peak RSS (MiB)':<24}{rss_mock:>12.2f}{rss_bare:>12.2f}{rss_mock / rss_bare:>9.2f}"
+            f"{rss_mock - rss_bare:>10.2f}"
+        )
         print(f"target: peak RSS overhead <= {TARGETS['rss_overhead_mb']} MB")

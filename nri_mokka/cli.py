@@ -76,8 +76,15 @@ def profile_show(name_or_file: str, gpus: int | None, fmt: str, resolved: bool) 
         data = {
             "profile": p.name,
             "gpus": [
-                {"index": d.index, "bus_id": d.bus_id, "uuid": d.uuid, "serial": d.serial, "numa_node": d.numa_node,
-                 "module_id": d.module_id, **d.spec.model_dump(mode="json")}
+                {
+                    "index": d.index,
+                    "bus_id": d.bus_id,
+                    "uuid": d.uuid,
+                    "serial": d.serial,
+                    "numa_node": d.numa_node,
+                    "module_id": d.module_id,
+                    **d.spec.model_dump(mode="json"),
+                }
                 for d in p.devices()
             ],
         }
@@ -133,11 +140,17 @@ def driver_root_cmd(profile_name: str, gpus: int | None, out: Path) -> None:
 
 
 @main.command("exec", context_settings={"ignore_unknown_options": True})
-@click.option("--profile", "profile_name", default="h100", show_default=True,
-              help="Built-in profile name or a profile YAML file.")
+@click.option(
+    "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
+)
 @GPUS_OPTION
-@click.option("--smi-version", type=click.Choice(sorted(nvidia_smi.SUITES)), default="550", show_default=True,
-              help="Debian nvidia-smi to use when the command is `nvidia-smi` and none is installed.")
+@click.option(
+    "--smi-version",
+    type=click.Choice(sorted(nvidia_smi.SUITES)),
+    default="550",
+    show_default=True,
+    help="Debian nvidia-smi to use when the command is `nvidia-smi` and none is installed.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tuple[str, ...]) -> None:
     """Run COMMAND against a throw-away mock driver root.
@@ -159,7 +172,7 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
         try:
             click.echo(f"fetching Debian's nvidia-smi {smi_version} into the cache...", err=True)
             argv[0] = str(nvidia_smi.fetch(smi_version))
-        except Exception as exc:  # noqa: BLE001 - any fetch failure is reported the same way
+        except Exception as exc:
             fail(f"cannot get nvidia-smi {smi_version}: {exc}")
     with tempfile.TemporaryDirectory(prefix="mokka-exec-") as tmp:
         root = driver_root.stage(p, Path(tmp))
@@ -174,8 +187,13 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
 @main.command("bench")
 @click.option("--profile", "profile_name", default="h100", show_default=True)
 @GPUS_OPTION
-@click.option("--nvidia-smi", "smi", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="nvidia-smi binary to time (default: search the cache and PATH).")
+@click.option(
+    "--nvidia-smi",
+    "smi",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="nvidia-smi binary to time (default: search the cache and PATH).",
+)
 @click.option("--calls", default=1_000_000, show_default=True, help="Calls per getter.")
 def bench_cmd(profile_name: str, gpus: int | None, smi: str | None, calls: int) -> None:
     """Measure the mock library: ns per call, nvmlInit time, nvidia-smi wall time and RSS."""

@@ -83,13 +83,7 @@ class _Suite:
         self.debs.mkdir(parents=True, exist_ok=True)
         (self.root / "status").touch()
         self.write_config()
-        sources = (
-            "Types: deb\n"
-            f"URIs: {MIRROR}\n"
-            f"Suites: {self.suite}\n"
-            f"Components: {COMPONENTS}\n"
-            f"Signed-By: {KEYRING}\n"
-        )
+        sources = f"Types: deb\nURIs: {MIRROR}\nSuites: {self.suite}\nComponents: {COMPONENTS}\nSigned-By: {KEYRING}\n"
         path = self.root / "sources.list.d" / f"{self.suite}.sources"
         if not path.exists() or path.read_text() != sources:
             path.write_text(sources)
@@ -122,9 +116,7 @@ class _Suite:
 
     def apt(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "APT_CONFIG": str(self.config), "LC_ALL": "C"}
-        return subprocess.run(
-            ["apt-get", "-q", *args], capture_output=True, text=True, cwd=cwd, env=env, check=False
-        )
+        return subprocess.run(["apt-get", "-q", *args], capture_output=True, text=True, cwd=cwd, env=env, check=False)
 
     def fresh(self) -> bool:
         try:
@@ -202,9 +194,7 @@ def _download(suite: _Suite, spec: str) -> Path:
     return target
 
 
-def fetch(
-    suite: str, packages: list[str], cache: Path | None = None, *, refresh: bool = False
-) -> dict[str, Path]:
+def fetch(suite: str, packages: list[str], cache: Path | None = None, *, refresh: bool = False) -> dict[str, Path]:
     """Download ``packages`` (``pkg`` or ``pkg=version``) from ``suite``; map each to its .deb.
 
     Already-cached packages are returned without network access unless ``refresh``.
@@ -239,9 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("suite", help="Debian suite, e.g. bookworm, trixie, sid")
     ap.add_argument("packages", nargs="+", metavar="PKG", help="package or package=version")
     ap.add_argument("--extract", type=Path, metavar="DIR", help="dpkg -x each package into DIR")
-    ap.add_argument(
-        "--cache", type=Path, help="cache directory (default: %(default)s)", default=default_cache()
-    )
+    ap.add_argument("--cache", type=Path, help="cache directory (default: %(default)s)", default=default_cache())
     ap.add_argument("--refresh", action="store_true", help="update lists, re-resolve packages")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="debcache: %(message)s", stream=sys.stderr)

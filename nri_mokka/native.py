@@ -24,7 +24,9 @@ def _find(name: str, checkout_sub: str) -> Path:
     for candidate in (_CHECKOUT / checkout_sub / name, _BUNDLED / name):
         if candidate.exists():
             return candidate
-    raise NativeMissing(f"{name} not found: build it with `make -C native` (looked in {_CHECKOUT / checkout_sub}, {_BUNDLED})")
+    raise NativeMissing(
+        f"{name} not found: build it with `make -C native` (looked in {_CHECKOUT / checkout_sub}, {_BUNDLED})"
+    )
 
 
 def header_path() -> Path:

@@ -36,7 +36,9 @@ def fetch(version: str, cache: Path | None = None) -> Path:
 def find(preferred: str = "550") -> Path | None:
     """An nvidia-smi already on this machine: the cache first, then PATH."""
     cache = debcache.default_cache() / "extract"
-    for candidate in sorted(cache.glob(f"nvidia-smi_{preferred}*/{BINARY}")) + sorted(cache.glob(f"nvidia-smi_*/{BINARY}")):
+    for candidate in sorted(cache.glob(f"nvidia-smi_{preferred}*/{BINARY}")) + sorted(
+        cache.glob(f"nvidia-smi_*/{BINARY}")
+    ):
         return candidate
     found = shutil.which("nvidia-smi")
     return Path(found) if found else None

@@ -321,9 +321,17 @@ class Profile(Strict):
         out = []
         for index in range(self.gpu_count):
             spec = GpuSpec.model_validate(deep_merge(base, self.gpus.get(index, {})))
-            out.append(Device(index=index, spec=spec, bus_id=self._bus_id(index), numa_node=self._numa(index),
-                              module_id=self._module_id(index, spec), uuid=self._uuid(index, spec),
-                              serial=self._serial(index, spec)))
+            out.append(
+                Device(
+                    index=index,
+                    spec=spec,
+                    bus_id=self._bus_id(index),
+                    numa_node=self._numa(index),
+                    module_id=self._module_id(index, spec),
+                    uuid=self._uuid(index, spec),
+                    serial=self._serial(index, spec),
+                )
+            )
         return out
 
     def _bus_id(self, index: int) -> str:

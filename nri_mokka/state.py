@@ -308,7 +308,9 @@ def check(data: bytes | bytearray | mmap.mmap, source: str = "state") -> tuple[i
     if h.magic != const("MOKKA_STATE_MAGIC"):
         raise StateError(f"{source}: not a Mokka state file (bad magic)")
     if h.version != const("MOKKA_STATE_VERSION") or h.header_size != hsize or h.gpu_size != f.sizeof("mokka_gpu_t"):
-        raise StateError(f"{source}: state layout version {h.version} is not the supported {const('MOKKA_STATE_VERSION')}")
+        raise StateError(
+            f"{source}: state layout version {h.version} is not the supported {const('MOKKA_STATE_VERSION')}"
+        )
     need = hsize + h.gpu_size * h.gpu_count
     if h.gpu_count > const("MOKKA_MAX_GPUS") or len(data) < need:
         raise StateError(f"{source}: truncated or corrupt ({len(data)} bytes, {h.gpu_count} GPUs need {need})")

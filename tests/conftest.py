@@ -31,7 +31,9 @@ class Staged:
         env.update(extra)
         return env
 
-    def run(self, argv: list[str], check: bool = True, timeout: float = 60, **extra: str) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, argv: list[str], check: bool = True, timeout: float = 60, **extra: str
+    ) -> subprocess.CompletedProcess[str]:
         res = subprocess.run(argv, env=self.env(**extra), capture_output=True, text=True, timeout=timeout)
         if check and res.returncode != 0:
             raise AssertionError(f"{argv} exited {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}")
@@ -62,5 +64,5 @@ def smi(request: pytest.FixtureRequest) -> tuple[str, Path]:
     version = request.param
     try:
         return version, nvidia_smi.fetch(version)
-    except Exception as exc:  # noqa: BLE001 - a missing archive is an environment problem
+    except Exception as exc:
         pytest.fail(f"cannot get Debian's nvidia-smi {version}: {exc}")

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import Staged
+
 from nri_mokka import native, state
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,7 +39,9 @@ def test_exports_only_nvml() -> None:
 
 
 def test_no_runtime_dependencies_beyond_libc() -> None:
-    out = subprocess.run(["readelf", "-d", str(native.library_path())], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["readelf", "-d", str(native.library_path())], check=True, capture_output=True, text=True
+    ).stdout
     needed = {line.split("[")[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line}
     assert needed <= {"libc.so.6", "libpthread.so.0", "libdl.so.2"}, needed
 
@@ -50,7 +52,8 @@ LAYOUT_PROBE = r"""
 #include "mokka_state.h"
 #define P(t, f) printf("%s.%s %zu\n", #t, #f, offsetof(t, f));
 int main(void) {
-    printf("mokka_header_t %zu\nmokka_gpu_t %zu\nmokka_process_t %zu\n", sizeof(mokka_header_t), sizeof(mokka_gpu_t), sizeof(mokka_process_t));
+    printf("mokka_header_t %zu\nmokka_gpu_t %zu\n", sizeof(mokka_header_t), sizeof(mokka_gpu_t));
+    printf("mokka_process_t %zu\n", sizeof(mokka_process_t));
     P(mokka_header_t, seq) P(mokka_header_t, driver_version) P(mokka_header_t, cuda_version) P(mokka_header_t, profile)
     P(mokka_gpu_t, uuid) P(mokka_gpu_t, pci_device_id) P(mokka_gpu_t, cpu_affinity) P(mokka_gpu_t, mem_total)
     P(mokka_gpu_t, power_usage) P(mokka_gpu_t, energy_mj) P(mokka_gpu_t, thresholds) P(mokka_gpu_t, gfx_clocks)
@@ -102,7 +105,7 @@ def test_live_updates_are_never_torn(tmp_path: Path, stage: Callable[..., Staged
         while not stop.is_set():
             n += 1
 
-            def change(h: object, gpus: object) -> None:
+            def change(h: object, gpus: object, n: int = n) -> None:
                 g = gpus[0]  # type: ignore[index]
                 g.mem_used = n << 20
                 g.mem_reserved = n << 20
@@ -130,8 +133,13 @@ def test_update_is_visible_to_a_running_reader(tmp_path: Path, stage: Callable[.
         "print(N.nvmlDeviceGetTemperature(h, 0), flush=True); sys.stdin.readline()\n"
         "print(N.nvmlDeviceGetTemperature(h, 0), flush=True)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], env=staged.env(MOKKA_STATE=str(live)),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=staged.env(MOKKA_STATE=str(live)),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None and proc.stdin is not None
     first = proc.stdout.readline().strip()
 
@@ -154,20 +162,34 @@ def asan_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.consumers
-def test_sanitizer_build_under_nvidia_smi(asan_lib: Path, stage: Callable[..., Staged], smi: tuple[str, Path],
-                                          tmp_path: Path) -> None:
+def test_sanitizer_build_under_nvidia_smi(
+    asan_lib: Path, stage: Callable[..., Staged], smi: tuple[str, Path], tmp_path: Path
+) -> None:
     """nvidia-smi in its heaviest modes over the ASan/UBSan build: any memory error aborts."""
     staged = stage("h100")
     libdir = tmp_path / "lib"
     libdir.mkdir()
     shutil.copy(asan_lib, libdir / "libnvidia-ml.so.1")
-    libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], check=True, capture_output=True, text=True).stdout.strip()
+    libasan = subprocess.run(
+        ["gcc", "-print-file-name=libasan.so"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     env = {
-        "PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(libdir), "MOKKA_STATE": str(staged.root.state),
-        "LD_PRELOAD": libasan, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1", "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+        "PATH": os.environ["PATH"],
+        "LD_LIBRARY_PATH": str(libdir),
+        "MOKKA_STATE": str(staged.root.state),
+        "LD_PRELOAD": libasan,
+        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+        "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
     }
-    for args in (["-q", "-x"], ["-q"], [], ["-L"], ["--query-gpu=name,uuid,pci.bus_id,power.draw", "--format=csv"],
-                 ["nvlink", "-s"], ["topo", "-m"]):
+    for args in (
+        ["-q", "-x"],
+        ["-q"],
+        [],
+        ["-L"],
+        ["--query-gpu=name,uuid,pci.bus_id,power.draw", "--format=csv"],
+        ["nvlink", "-s"],
+        ["topo", "-m"],
+    ):
         res = subprocess.run([str(smi[1]), *args], env=env, capture_output=True, text=True, timeout=120)
         assert "ERROR: AddressSanitizer" not in res.stderr and "runtime error" not in res.stderr, res.stderr[-3000:]
         assert res.returncode in (0, 6, 255) or args == ["topo", "-m"], (args, res.returncode, res.stderr[-2000:])
@@ -183,6 +205,10 @@ def test_fuzz_state_loader(tmp_path: Path, stage: Callable[..., Staged]) -> None
     corpus.mkdir()
     shutil.copy(stage("h100", 2).root.state, corpus / "h100x2")
     shutil.copy(stage("t4").root.state, corpus / "t4")
-    res = subprocess.run([str(build / "fuzz_state"), "-max_total_time=15", "-max_len=200000", str(corpus)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [str(build / "fuzz_state"), "-max_total_time=15", "-max_len=200000", str(corpus)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-3000:]

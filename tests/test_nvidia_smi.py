@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import Staged
 from test_profile import BUILTINS
 
@@ -93,12 +92,40 @@ def test_query_text_single_gpu(stage: Callable[..., Staged], smi: Smi) -> None:
 
 
 WIDE_FIELDS = [
-    "index", "name", "uuid", "serial", "pci.bus_id", "pci.device_id", "pci.sub_device_id", "driver_version",
-    "vbios_version", "memory.total", "memory.used", "memory.free", "power.draw", "power.limit",
-    "power.default_limit", "power.min_limit", "power.max_limit", "enforced.power.limit", "temperature.gpu",
-    "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem", "pstate", "compute_mode", "persistence_mode",
-    "ecc.mode.current", "mig.mode.current", "utilization.gpu", "utilization.memory", "pcie.link.gen.max",
-    "pcie.link.width.max", "display_mode", "count",
+    "index",
+    "name",
+    "uuid",
+    "serial",
+    "pci.bus_id",
+    "pci.device_id",
+    "pci.sub_device_id",
+    "driver_version",
+    "vbios_version",
+    "memory.total",
+    "memory.used",
+    "memory.free",
+    "power.draw",
+    "power.limit",
+    "power.default_limit",
+    "power.min_limit",
+    "power.max_limit",
+    "enforced.power.limit",
+    "temperature.gpu",
+    "clocks.sm",
+    "clocks.mem",
+    "clocks.max.sm",
+    "clocks.max.mem",
+    "pstate",
+    "compute_mode",
+    "persistence_mode",
+    "ecc.mode.current",
+    "mig.mode.current",
+    "utilization.gpu",
+    "utilization.memory",
+    "pcie.link.gen.max",
+    "pcie.link.width.max",
+    "display_mode",
+    "count",
 ]
 
 

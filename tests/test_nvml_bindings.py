@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import Staged
 from test_profile import BUILTINS
 
@@ -36,7 +35,9 @@ for i in range(out["count"]):
         "index": N.nvmlDeviceGetIndex(h), "minor": N.nvmlDeviceGetMinorNumber(h),
         "brand": N.nvmlDeviceGetBrand(h), "arch": N.nvmlDeviceGetArchitecture(h),
         "cc": list(N.nvmlDeviceGetCudaComputeCapability(h)),
-        "bus_id": pci.busId, "bus_id_legacy": pci.busIdLegacy, "pci_device_id": pci.pciDeviceId,
+
+        "bus_id": pci.busId, "bus_id_legacy": pci.busIdLegacy,
+        "pci_device_id": pci.pciDeviceId,
         "pci_subsystem_id": pci.pciSubSystemId,
         "mem_total": mem.total, "mem_used_v1": mem.used, "mem2_reserved": mem2.reserved, "mem2_used": mem2.used,
         "bar1_total": bar1.bar1Total,
@@ -62,7 +63,8 @@ N.nvmlDeviceRegisterEvents(N.nvmlDeviceGetHandleByIndex(0), N.nvmlEventTypeXidCr
 out["event_wait"] = maybe(N.nvmlEventSetWait, s, 50)
 N.nvmlEventSetFree(s)
 if out["count"] > 1:
-    out["topology"] = N.nvmlDeviceGetTopologyCommonAncestor(N.nvmlDeviceGetHandleByIndex(0), N.nvmlDeviceGetHandleByIndex(1))
+    first, second = N.nvmlDeviceGetHandleByIndex(0), N.nvmlDeviceGetHandleByIndex(1)
+    out["topology"] = N.nvmlDeviceGetTopologyCommonAncestor(first, second)
 N.nvmlShutdown()
 print(json.dumps(out))
 """

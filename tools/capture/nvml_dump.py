@@ -4,6 +4,7 @@
 Used once on real hardware to record ground truth for a profile. Every call is
 tried independently; failures are recorded as the NVML error string.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -20,13 +21,13 @@ def plain(value):
         return value
     if isinstance(value, ctypes.Array):
         return [plain(v) for v in value]
-    if isinstance(value, ctypes.Structure) or isinstance(value, ctypes.Union):
+    if isinstance(value, (ctypes.Structure, ctypes.Union)):
         out = {}
         for field in value._fields_:
             name = field[0]
             try:
                 out[name] = plain(getattr(value, name))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 out[name] = f"<{exc}>"
         return out
     if isinstance(value, (list, tuple)):
@@ -35,7 +36,7 @@ def plain(value):
         return {str(k): plain(v) for k, v in value.items()}
     try:
         return plain(value.value)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return repr(value)
 
 
@@ -44,7 +45,7 @@ def attempt(func, *args):
         return {"ok": plain(func(*args))}
     except N.NVMLError as exc:
         return {"error": str(exc), "code": exc.value}
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return {"exception": f"{type(exc).__name__}: {exc}"}
 
 
@@ -62,52 +63,133 @@ def constants(prefix):
 def device_dump(h):
     d = {}
     simple = [
-        "nvmlDeviceGetName", "nvmlDeviceGetBrand", "nvmlDeviceGetArchitecture", "nvmlDeviceGetUUID",
-        "nvmlDeviceGetSerial", "nvmlDeviceGetBoardPartNumber", "nvmlDeviceGetBoardId", "nvmlDeviceGetMinorNumber",
-        "nvmlDeviceGetIndex", "nvmlDeviceGetPciInfo", "nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfoExt",
-        "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetGpuMaxPcieLinkGeneration",
-        "nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
-        "nvmlDeviceGetPcieSpeed", "nvmlDeviceGetPcieLinkMaxSpeed", "nvmlDeviceGetPcieReplayCounter",
-        "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetBAR1MemoryInfo", "nvmlDeviceGetMemoryBusWidth",
-        "nvmlDeviceGetNumGpuCores", "nvmlDeviceGetIrqNum", "nvmlDeviceGetPowerSource",
-        "nvmlDeviceGetPowerUsage", "nvmlDeviceGetPowerManagementMode", "nvmlDeviceGetPowerManagementLimit",
-        "nvmlDeviceGetPowerManagementLimitConstraints", "nvmlDeviceGetPowerManagementDefaultLimit",
-        "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPowerState",
-        "nvmlDeviceGetPerformanceState", "nvmlDeviceGetCurrentClocksThrottleReasons",
-        "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetSupportedClocksThrottleReasons",
-        "nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetUtilizationRates",
-        "nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization", "nvmlDeviceGetJpgUtilization",
-        "nvmlDeviceGetOfaUtilization", "nvmlDeviceGetEncoderStats", "nvmlDeviceGetEncoderSessions",
-        "nvmlDeviceGetFBCStats", "nvmlDeviceGetFBCSessions",
-        "nvmlDeviceGetEccMode", "nvmlDeviceGetDefaultEccMode", "nvmlDeviceGetPersistenceMode",
-        "nvmlDeviceGetComputeMode", "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount",
-        "nvmlDeviceIsMigDeviceHandle", "nvmlDeviceGetMultiGpuBoard", "nvmlDeviceGetDisplayMode",
-        "nvmlDeviceGetDisplayActive", "nvmlDeviceGetInforomImageVersion",
-        "nvmlDeviceGetInforomConfigurationChecksum", "nvmlDeviceGetVbiosVersion",
-        "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetNumaNodeId", "nvmlDeviceGetNumFans",
-        "nvmlDeviceGetFanSpeed", "nvmlDeviceGetTemperature", "nvmlDeviceGetGpuOperationMode",
-        "nvmlDeviceGetAccountingMode", "nvmlDeviceGetAccountingBufferSize", "nvmlDeviceGetAccountingPids",
-        "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRowRemapperHistogram",
-        "nvmlDeviceGetGspFirmwareVersion", "nvmlDeviceGetGspFirmwareMode", "nvmlDeviceGetModuleId",
-        "nvmlDeviceGetC2cModeInfoV", "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV",
-        "nvmlDeviceGetPlatformInfo", "nvmlDeviceGetAddressingMode", "nvmlDeviceGetVirtualizationMode",
-        "nvmlDeviceGetHostVgpuMode", "nvmlDeviceGetGridLicensableFeatures", "nvmlDeviceGetProcessUtilization",
-        "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
-        "nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetSupportedEventTypes",
-        "nvmlDeviceGetSupportedMemoryClocks", "nvmlDeviceGetAutoBoostedClocksEnabled",
-        "nvmlDeviceGetGpcClkVfOffset", "nvmlDeviceGetMemClkVfOffset", "nvmlDeviceGetGpcClkMinMaxVfOffset",
-        "nvmlDeviceGetMemClkMinMaxVfOffset", "nvmlDeviceGetAdaptiveClockInfoStatus",
-        "nvmlDeviceGetDynamicPstatesInfo", "nvmlDeviceGetThermalSettings", "nvmlDeviceGetMinMaxFanSpeed",
-        "nvmlDeviceGetAttributes", "nvmlDeviceGetAttributes_v2", "nvmlDeviceGetCpuAffinity",
-        "nvmlDeviceGetSramEccErrorStatus", "nvmlDeviceGetBusType", "nvmlDeviceGetPcieThroughput",
-        "nvmlDeviceGetConfComputeMemSizeInfo", "nvmlDeviceGetConfComputeGpuCertificate",
-        "nvmlDeviceGetConfComputeProtectedMemoryUsage", "nvmlDeviceGetSupportedPerformanceStates",
-        "nvmlDeviceGetMinMaxClockOfPState", "nvmlDeviceGetClockOffsets", "nvmlDeviceGetPerformanceModes",
-        "nvmlDeviceGetCurrentClockFreqs", "nvmlDeviceGetPowerMizerMode_v1", "nvmlDeviceGetPdi",
-        "nvmlDeviceGetHostname_v1", "nvmlDeviceGetNvLinkInfo", "nvmlDeviceGetRepairStatus",
-        "nvmlDeviceGetMarginTemperature", "nvmlDeviceGetVgpuCapabilities", "nvmlDeviceGetSupportedVgpus",
-        "nvmlDeviceGetCreatableVgpus", "nvmlDeviceGetActiveVgpus", "nvmlDeviceGetVgpuHeterogeneousMode",
-        "nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetBrand",
+        "nvmlDeviceGetArchitecture",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetSerial",
+        "nvmlDeviceGetBoardPartNumber",
+        "nvmlDeviceGetBoardId",
+        "nvmlDeviceGetMinorNumber",
+        "nvmlDeviceGetIndex",
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetPciInfo_v3",
+        "nvmlDeviceGetPciInfoExt",
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        "nvmlDeviceGetGpuMaxPcieLinkGeneration",
+        "nvmlDeviceGetMaxPcieLinkWidth",
+        "nvmlDeviceGetCurrPcieLinkGeneration",
+        "nvmlDeviceGetCurrPcieLinkWidth",
+        "nvmlDeviceGetPcieSpeed",
+        "nvmlDeviceGetPcieLinkMaxSpeed",
+        "nvmlDeviceGetPcieReplayCounter",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetBAR1MemoryInfo",
+        "nvmlDeviceGetMemoryBusWidth",
+        "nvmlDeviceGetNumGpuCores",
+        "nvmlDeviceGetIrqNum",
+        "nvmlDeviceGetPowerSource",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetPowerManagementMode",
+        "nvmlDeviceGetPowerManagementLimit",
+        "nvmlDeviceGetPowerManagementLimitConstraints",
+        "nvmlDeviceGetPowerManagementDefaultLimit",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetPowerState",
+        "nvmlDeviceGetPerformanceState",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetSupportedClocksThrottleReasons",
+        "nvmlDeviceGetSupportedClocksEventReasons",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetEncoderUtilization",
+        "nvmlDeviceGetDecoderUtilization",
+        "nvmlDeviceGetJpgUtilization",
+        "nvmlDeviceGetOfaUtilization",
+        "nvmlDeviceGetEncoderStats",
+        "nvmlDeviceGetEncoderSessions",
+        "nvmlDeviceGetFBCStats",
+        "nvmlDeviceGetFBCSessions",
+        "nvmlDeviceGetEccMode",
+        "nvmlDeviceGetDefaultEccMode",
+        "nvmlDeviceGetPersistenceMode",
+        "nvmlDeviceGetComputeMode",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceIsMigDeviceHandle",
+        "nvmlDeviceGetMultiGpuBoard",
+        "nvmlDeviceGetDisplayMode",
+        "nvmlDeviceGetDisplayActive",
+        "nvmlDeviceGetInforomImageVersion",
+        "nvmlDeviceGetInforomConfigurationChecksum",
+        "nvmlDeviceGetVbiosVersion",
+        "nvmlDeviceGetCudaComputeCapability",
+        "nvmlDeviceGetNumaNodeId",
+        "nvmlDeviceGetNumFans",
+        "nvmlDeviceGetFanSpeed",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetGpuOperationMode",
+        "nvmlDeviceGetAccountingMode",
+        "nvmlDeviceGetAccountingBufferSize",
+        "nvmlDeviceGetAccountingPids",
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetRowRemapperHistogram",
+        "nvmlDeviceGetGspFirmwareVersion",
+        "nvmlDeviceGetGspFirmwareMode",
+        "nvmlDeviceGetModuleId",
+        "nvmlDeviceGetC2cModeInfoV",
+        "nvmlDeviceGetGpuFabricInfo",
+        "nvmlDeviceGetGpuFabricInfoV",
+        "nvmlDeviceGetPlatformInfo",
+        "nvmlDeviceGetAddressingMode",
+        "nvmlDeviceGetVirtualizationMode",
+        "nvmlDeviceGetHostVgpuMode",
+        "nvmlDeviceGetGridLicensableFeatures",
+        "nvmlDeviceGetProcessUtilization",
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses",
+        "nvmlDeviceGetMPSComputeRunningProcesses",
+        "nvmlDeviceGetSupportedEventTypes",
+        "nvmlDeviceGetSupportedMemoryClocks",
+        "nvmlDeviceGetAutoBoostedClocksEnabled",
+        "nvmlDeviceGetGpcClkVfOffset",
+        "nvmlDeviceGetMemClkVfOffset",
+        "nvmlDeviceGetGpcClkMinMaxVfOffset",
+        "nvmlDeviceGetMemClkMinMaxVfOffset",
+        "nvmlDeviceGetAdaptiveClockInfoStatus",
+        "nvmlDeviceGetDynamicPstatesInfo",
+        "nvmlDeviceGetThermalSettings",
+        "nvmlDeviceGetMinMaxFanSpeed",
+        "nvmlDeviceGetAttributes",
+        "nvmlDeviceGetAttributes_v2",
+        "nvmlDeviceGetCpuAffinity",
+        "nvmlDeviceGetSramEccErrorStatus",
+        "nvmlDeviceGetBusType",
+        "nvmlDeviceGetPcieThroughput",
+        "nvmlDeviceGetConfComputeMemSizeInfo",
+        "nvmlDeviceGetConfComputeGpuCertificate",
+        "nvmlDeviceGetConfComputeProtectedMemoryUsage",
+        "nvmlDeviceGetSupportedPerformanceStates",
+        "nvmlDeviceGetMinMaxClockOfPState",
+        "nvmlDeviceGetClockOffsets",
+        "nvmlDeviceGetPerformanceModes",
+        "nvmlDeviceGetCurrentClockFreqs",
+        "nvmlDeviceGetPowerMizerMode_v1",
+        "nvmlDeviceGetPdi",
+        "nvmlDeviceGetHostname_v1",
+        "nvmlDeviceGetNvLinkInfo",
+        "nvmlDeviceGetRepairStatus",
+        "nvmlDeviceGetMarginTemperature",
+        "nvmlDeviceGetVgpuCapabilities",
+        "nvmlDeviceGetSupportedVgpus",
+        "nvmlDeviceGetCreatableVgpus",
+        "nvmlDeviceGetActiveVgpus",
+        "nvmlDeviceGetVgpuHeterogeneousMode",
+        "nvmlDeviceGetComputeInstanceId",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
     ]
     for name in simple:
         d[name] = call(name, h)
@@ -118,8 +200,13 @@ def device_dump(h):
     for k, v in constants("NVML_CLOCK_").items():
         if k in ("NVML_CLOCK_COUNT",) or k.startswith("NVML_CLOCK_ID"):
             continue
-        for fn in ("nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock",
-                   "nvmlDeviceGetDefaultApplicationsClock", "nvmlDeviceGetMaxCustomerBoostClock"):
+        for fn in (
+            "nvmlDeviceGetClockInfo",
+            "nvmlDeviceGetMaxClockInfo",
+            "nvmlDeviceGetApplicationsClock",
+            "nvmlDeviceGetDefaultApplicationsClock",
+            "nvmlDeviceGetMaxCustomerBoostClock",
+        ):
             d[f"{fn}[{k}]"] = call(fn, h, v)
         for cid in range(4):
             d[f"nvmlDeviceGetClock[{k},{cid}]"] = call("nvmlDeviceGetClock", h, v, cid)
@@ -136,12 +223,14 @@ def device_dump(h):
             d[f"nvmlDeviceGetDetailedEccErrors[{err},{etype}]"] = call("nvmlDeviceGetDetailedEccErrors", h, err, etype)
             for loc in range(9):
                 d[f"nvmlDeviceGetMemoryErrorCounter[{err},{etype},{loc}]"] = call(
-                    "nvmlDeviceGetMemoryErrorCounter", h, err, etype, loc)
+                    "nvmlDeviceGetMemoryErrorCounter", h, err, etype, loc
+                )
     for cause in (1, 2):
         d[f"nvmlDeviceGetRetiredPages[{cause}]"] = call("nvmlDeviceGetRetiredPages", h, cause)
     for pst in range(16):
         d[f"nvmlDeviceGetMinMaxClockOfPState[{pst}]"] = attempt(
-            lambda p=pst: [N.nvmlDeviceGetMinMaxClockOfPState(h, c, p) for c in range(4)])
+            lambda p=pst: [N.nvmlDeviceGetMinMaxClockOfPState(h, c, p) for c in range(4)]
+        )
     for link in range(18):
         d[f"nvmlDeviceGetNvLinkState[{link}]"] = call("nvmlDeviceGetNvLinkState", h, link)
         d[f"nvmlDeviceGetNvLinkVersion[{link}]"] = call("nvmlDeviceGetNvLinkVersion", h, link)
@@ -173,10 +262,17 @@ def device_dump(h):
             if res.nvmlReturn == 0:
                 vt = res.valueType
                 u = res.value
-                val = {0: u.dVal, 1: u.uiVal, 2: u.ulVal, 3: u.ullVal, 4: u.sllVal, 5: u.siVal, 6: getattr(u, "usVal", None)}.get(vt)
-            fields[f"{k}={v}"] = {"ret": res.nvmlReturn, "type": res.valueType, "value": val,
-                                  "scopeId": res.scopeId}
-        except Exception as exc:  # noqa: BLE001
+                val = {
+                    0: u.dVal,
+                    1: u.uiVal,
+                    2: u.ulVal,
+                    3: u.ullVal,
+                    4: u.sllVal,
+                    5: u.siVal,
+                    6: getattr(u, "usVal", None),
+                }.get(vt)
+            fields[f"{k}={v}"] = {"ret": res.nvmlReturn, "type": res.valueType, "value": val, "scopeId": res.scopeId}
+        except Exception as exc:
             fields[f"{k}={v}"] = {"exception": str(exc)}
     d["fieldValues"] = fields
     return d
@@ -185,18 +281,31 @@ def device_dump(h):
 def main():
     N.nvmlInit()
     out = {"system": {}, "devices": []}
-    for name in ("nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion", "nvmlSystemGetCudaDriverVersion",
-                 "nvmlSystemGetCudaDriverVersion_v2", "nvmlDeviceGetCount", "nvmlUnitGetCount",
-                 "nvmlSystemGetDriverBranch", "nvmlSystemGetConfComputeState", "nvmlSystemGetConfComputeCapabilities",
-                 "nvmlSystemGetConfComputeSettings", "nvmlSystemGetHicVersion", "nvmlSystemGetTopologyGpuSet",
-                 "nvmlGetExcludedDeviceCount", "nvmlSystemGetNvlinkBwMode"):
+    for name in (
+        "nvmlSystemGetDriverVersion",
+        "nvmlSystemGetNVMLVersion",
+        "nvmlSystemGetCudaDriverVersion",
+        "nvmlSystemGetCudaDriverVersion_v2",
+        "nvmlDeviceGetCount",
+        "nvmlUnitGetCount",
+        "nvmlSystemGetDriverBranch",
+        "nvmlSystemGetConfComputeState",
+        "nvmlSystemGetConfComputeCapabilities",
+        "nvmlSystemGetConfComputeSettings",
+        "nvmlSystemGetHicVersion",
+        "nvmlSystemGetTopologyGpuSet",
+        "nvmlGetExcludedDeviceCount",
+        "nvmlSystemGetNvlinkBwMode",
+    ):
         out["system"][name] = call(name) if name != "nvmlSystemGetTopologyGpuSet" else call(name, 0)
     out["system"]["pynvml_version"] = getattr(N, "__version__", None)
     count = N.nvmlDeviceGetCount()
     for i in range(count):
         h = N.nvmlDeviceGetHandleByIndex(i)
         out["devices"].append(device_dump(h))
-        out["devices"][-1]["nvmlDeviceGetTopologyCommonAncestor[self]"] = call("nvmlDeviceGetTopologyCommonAncestor", h, h)
+        out["devices"][-1]["nvmlDeviceGetTopologyCommonAncestor[self]"] = call(
+            "nvmlDeviceGetTopologyCommonAncestor", h, h
+        )
     json.dump(out, sys.stdout, indent=1, sort_keys=True, default=repr)
     N.nvmlShutdown()
 
