@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import shutil
 import io
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -197,3 +198,24 @@ def test_monitoring(stage: Callable[..., Staged], smi: Smi, mode: str) -> None:
     if mode == "dmon":
         rows = [line.split() for line in res.stdout.splitlines() if not line.startswith("#")]
         assert [r[0] for r in rows] == ["0", "1"]
+
+
+def test_device_nodes_decide_visibility(stage: Callable[..., Staged], smi: Smi, tmp_path: Path) -> None:
+    """In a container, only GPUs whose /dev/nvidiaN exist are visible, renumbered from 0."""
+    if not shutil.which("unshare"):
+        pytest.fail("unshare (util-linux) is required")
+    staged = stage("h100")
+    devices = staged.profile.devices()
+    script = (
+        "set -e; mount -t tmpfs none /dev; "
+        "mknod /dev/nvidiactl c 195 255; mknod /dev/nvidia2 c 195 2; mknod /dev/nvidia5 c 195 5; "
+        f"exec {smi[1]} -L"
+    )
+    res = staged.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], check=False)
+    if res.returncode != 0 and "Operation not permitted" in res.stderr:
+        pytest.fail(f"needs root (mount namespaces): {res.stderr}")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        f"GPU 0: {devices[2].spec.name} (UUID: {devices[2].uuid})",
+        f"GPU 1: {devices[5].spec.name} (UUID: {devices[5].uuid})",
+    ]

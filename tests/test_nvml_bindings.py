@@ -169,3 +169,33 @@ def test_gpustat_json(stage: Callable[..., Staged]) -> None:
     assert gpus[0]["name"] == devices[0].spec.name
     assert gpus[0]["memory.total"] == devices[0].spec.memory.total_mib
     assert gpus[0]["enforced.power.limit"] == 700
+
+
+THREADS = r"""
+import threading, pynvml as N
+N.nvmlInit()
+errors = []
+def work(k):
+    try:
+        N.nvmlInit()  # init is reference-counted, as in the real library
+        for i in range(2000):
+            h = N.nvmlDeviceGetHandleByIndex((i + k) % N.nvmlDeviceGetCount())
+            assert N.nvmlDeviceGetName(h).startswith("NVIDIA")
+            N.nvmlDeviceGetMemoryInfo(h); N.nvmlDeviceGetPowerUsage(h); N.nvmlDeviceGetPciInfo(h)
+        N.nvmlShutdown()
+    except Exception as exc:
+        errors.append(repr(exc))
+threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+[t.start() for t in threads]; [t.join() for t in threads]
+print(N.nvmlDeviceGetCount(), len(errors), errors[:3])
+N.nvmlShutdown()
+try:
+    N.nvmlDeviceGetCount(); print("still initialized")
+except N.NVMLError_Uninitialized:
+    print("uninitialized")
+"""
+
+
+def test_threads_and_refcounted_init(stage: Callable[..., Staged]) -> None:
+    out = stage("h100").python(THREADS).stdout.splitlines()
+    assert out == ["8 0 []", "uninitialized"]
