@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import Staged
+
 from nri_mokka import gotool
 
 pytestmark = pytest.mark.consumers

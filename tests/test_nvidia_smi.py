@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import csv
-import shutil
 import io
+import shutil
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
