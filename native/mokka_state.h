@@ -15,7 +15,8 @@
  *
  * Units: bytes, milliwatts, MHz, degrees Celsius, millijoules, percent.
  * MOKKA_NA (all ones) in an integer field means the board does not support it, and the
- * library answers NVML_ERROR_NOT_SUPPORTED; an empty string means the same.
+ * library answers NVML_ERROR_NOT_SUPPORTED; an empty string means the same. In clock
+ * fields MOKKA_DEPRECATED means current drivers refuse the query as deprecated.
  */
 #ifndef MOKKA_STATE_H
 #define MOKKA_STATE_H
@@ -26,6 +27,7 @@
 #define MOKKA_STATE_VERSION 1
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_NA 4294967295
+#define MOKKA_DEPRECATED 4294967294 /* the driver answers "deprecated" (NVML_ERROR_DEPRECATED) */
 #define MOKKA_MAX_MEM_CLOCKS 8
 #define MOKKA_MAX_GFX_CLOCKS 192
 #define MOKKA_MAX_PROCS 16

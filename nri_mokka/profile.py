@@ -95,7 +95,7 @@ class Inforom(Strict):
 
 class Memory(Strict):
     total_mib: float = Field(gt=0, description="fb_memory_usage total; fractional when the board's byte count is")
-    reserved_mib: int = Field(0, ge=0)
+    reserved_mib: float = Field(0, ge=0, description="may be fractional: nvidia-smi rounds it up")
     used_mib: int = Field(0, ge=0)
     bar1_total_mib: int = Field(gt=0)
     bar1_used_mib: int = Field(1, ge=0)
@@ -162,6 +162,9 @@ class Clocks(Strict):
     applications: ClockSet | None = None
     default_applications: ClockSet | None = None
     max_boost: ClockSet | None = None
+    applications_deprecated: bool = Field(
+        False, description="current drivers refuse application clock queries as deprecated (Ada, Turing)"
+    )
     supported: list[SupportedClocks] = Field(default_factory=list, max_length=8)
 
     @field_validator("supported")

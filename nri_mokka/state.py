@@ -156,7 +156,7 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
 
     m = s.memory
     g.mem_total = round(m.total_mib * MIB)
-    g.mem_reserved = m.reserved_mib * MIB
+    g.mem_reserved = round(m.reserved_mib * MIB)
     g.mem_used = m.used_mib * MIB
     g.bar1_total = m.bar1_total_mib * MIB
     g.bar1_used = m.bar1_used_mib * MIB
@@ -198,6 +198,9 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
         values = [None] * 4 if clockset is None else [clockset.graphics, clockset.sm, clockset.memory, clockset.video]
         for i, v in enumerate(values):
             target[i] = _opt(v)
+    if c.applications_deprecated:
+        for i in range(const("MOKKA_CLOCK_DOMAINS")):
+            g.clock_app[i] = g.clock_default_app[i] = const("MOKKA_DEPRECATED")
     g.n_mem_clocks = len(c.supported)
     for i, entry in enumerate(c.supported):
         g.mem_clocks[i] = entry.memory

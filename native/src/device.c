@@ -362,6 +362,7 @@ static nvmlReturn_t clock_from(const uint32_t *table, nvmlClockType_t type, unsi
     uint32_t v;
     MOKKA_READ(v = table[type]);
     if (mokka_is_na(v)) return NVML_ERROR_NOT_SUPPORTED;
+    if (v == (uint32_t)MOKKA_DEPRECATED) return NVML_ERROR_DEPRECATED;
     *clock = v;
     return NVML_SUCCESS;
 }

@@ -67,7 +67,8 @@ static void tlimit_field(const mokka_gpu_t *g, nvmlFieldValue_t *f) {
     case NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT: th = g->thresholds[NVML_TEMPERATURE_THRESHOLD_SLOWDOWN]; break;
     case NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT: th = gpu_max; break;
     case NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT:
-        if (!mokka_is_na(g->thresholds[NVML_TEMPERATURE_THRESHOLD_MEM_MAX])) set_si(f, 0);
+        /* Boards with a memory sensor report the memory limit at the GPU's own T.Limit. */
+        if (!mokka_is_na(g->temp_memory)) set_si(f, 0);
         return;
     }
     if (!mokka_is_na(th)) set_si(f, (int)gpu_max - (int)th);
