@@ -94,7 +94,7 @@ class Inforom(Strict):
 
 
 class Memory(Strict):
-    total_mib: float = Field(gt=0, description="fb_memory_usage total; fractional when the board's byte count is")
+    total_mib: int = Field(gt=0, description="fb_memory_usage total")
     reserved_mib: float = Field(0, ge=0, description="may be fractional: nvidia-smi rounds it up")
     used_mib: int = Field(0, ge=0)
     bar1_total_mib: int = Field(gt=0)

@@ -36,8 +36,10 @@ def test_plain(stage: Callable[..., Staged], smi: Smi, name: str) -> None:
     assert f"Driver Version: {staged.profile.driver.version}" in out
     for dev in staged.profile.devices():
         assert dev.bus_id in out
-        assert f"{dev.spec.memory.total_mib}MiB" in out
-        assert f"{round(dev.spec.power.limit_w)}W" in out
+        total, limit = str(dev.spec.memory.total_mib), str(round(dev.spec.power.limit_w))
+        # 535's table is narrower: it cuts long cells with "...", as it does on real boards.
+        assert f"{total}MiB" in out or (smi[0] == "535" and f"{total[:5]}..." in out)
+        assert f"{limit}W" in out or (smi[0] == "535" and f"/ {limit[:1]}..." in out)
     assert out.count(staged.profile.gpu.name[:20]) == staged.profile.gpu_count
     assert "No running processes found" in out
 

@@ -88,8 +88,9 @@ def test_nvidia_ml_py(stage: Callable[..., Staged], name: str) -> None:
         assert g["pci_device_id"] == (s.pci.device_id << 16) | 0x10DE
         assert g["cc"] == [int(x) for x in s.compute_capability.split(".")]
         assert g["mem_total"] == s.memory.total_mib << 20
-        assert g["mem2_reserved"] == s.memory.reserved_mib << 20
-        assert g["mem_used_v1"] == (s.memory.reserved_mib + s.memory.used_mib) << 20
+        reserved = round(s.memory.reserved_mib * 2**20)
+        assert g["mem2_reserved"] == reserved
+        assert g["mem_used_v1"] == reserved + (s.memory.used_mib << 20)
         assert g["bar1_total"] == s.memory.bar1_total_mib << 20
         assert g["limit"] == round(s.power.limit_w * 1000)
         assert g["constraints"] == [round(s.power.min_limit_w * 1000), round(s.power.max_limit_w * 1000)]

@@ -1,0 +1,158 @@
+"""What a container gets for a set of mock GPUs: ONE model, rendered two ways.
+
+``container_edits(layout, gpus)`` computes device nodes, read-only mounts and environment
+once. ``cdi/`` renders the result as CDI ``containerEdits``; the NRI plugin renders it
+as a ``ContainerAdjustment``. Neither renderer decides anything, so the two paths cannot
+drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+READ_ONLY = ("ro", "nosuid", "nodev", "bind")
+
+# Device numbers. The real driver uses major 195 (GPUs 0..n, nvidia-modeset 254,
+# nvidiactl 255) and a dynamic major for nvidia-uvm. On a node where a real NVIDIA driver
+# is loaded Mokka must not hand out those numbers: it uses majors from the Linux
+# "local/experimental use" range (devices.txt: 120-127), which no driver allocates.
+REAL_MAJORS = {"gpu": 195, "uvm": 510}
+SAFE_MAJORS = {"gpu": 120, "uvm": 121}
+
+STATE_IN_CONTAINER = "/run/mokka/state.bin"
+LIBDIR_IN_CONTAINER = "/usr/lib/x86_64-linux-gnu"
+SMI_IN_CONTAINER = "/usr/bin/nvidia-smi"
+SHIM_IN_CONTAINER = "/usr/lib/mokka/libmokka-sysfs.so"
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    path: str  # inside the container
+    major: int
+    minor: int
+    host_path: str  # the staged node on the host
+    type: str = "c"
+    file_mode: int = 0o666
+
+
+@dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = READ_ONLY
+
+
+@dataclass(frozen=True)
+class ContainerEdits:
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+
+    def env_dict(self) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in self.env)
+
+    def without_devices(self) -> ContainerEdits:
+        return ContainerEdits(env=self.env, device_nodes=(), mounts=self.mounts)
+
+
+@dataclass(frozen=True)
+class GpuNode:
+    index: int
+    uuid: str
+    bus_id: str
+    minor: int
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Where host setup staged the mock node; written as ``<root>/node.json``."""
+
+    root: str
+    profile: str
+    driver_version: str
+    libdir: str  # host directory holding libnvidia-ml.so.<version> and its links
+    state: str  # host path of the state file
+    dev_root: str  # host directory holding the staged device nodes
+    gpu_major: int
+    uvm_major: int
+    gpus: tuple[GpuNode, ...]
+    nvidia_smi: str | None = None  # staged nvidia-smi binary, when the user provided one
+    sysfs_shim: str | None = None  # LD_PRELOAD library redirecting /sys and /proc lookups
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeLayout:
+        data = json.loads(text)
+        data["gpus"] = tuple(GpuNode(**g) for g in data["gpus"])
+        return cls(**data)
+
+    @classmethod
+    def load(cls, root: Path) -> NodeLayout:
+        return cls.from_json((root / "node.json").read_text())
+
+    def select(self, wanted: Iterable[str]) -> list[GpuNode]:
+        """GPUs by index or UUID ("all" for every GPU); unknown names raise KeyError."""
+        wanted = list(wanted)
+        if wanted == ["all"]:
+            return list(self.gpus)
+        chosen: list[GpuNode] = []
+        for name in wanted:
+            match = [g for g in self.gpus if str(g.index) == name or g.uuid == name]
+            if not match:
+                raise KeyError(name)
+            if match[0] not in chosen:
+                chosen.append(match[0])
+        return sorted(chosen, key=lambda g: g.index)
+
+    @property
+    def library(self) -> str:
+        return f"{self.libdir}/libnvidia-ml.so.{self.driver_version}"
+
+
+def control_nodes(layout: NodeLayout) -> list[DeviceNode]:
+    dev = layout.dev_root
+    return [
+        DeviceNode("/dev/nvidiactl", layout.gpu_major, 255, f"{dev}/nvidiactl"),
+        DeviceNode("/dev/nvidia-uvm", layout.uvm_major, 0, f"{dev}/nvidia-uvm"),
+        DeviceNode("/dev/nvidia-uvm-tools", layout.uvm_major, 1, f"{dev}/nvidia-uvm-tools"),
+        DeviceNode("/dev/nvidia-modeset", layout.gpu_major, 254, f"{dev}/nvidia-modeset"),
+    ]
+
+
+def gpu_node(layout: NodeLayout, gpu: GpuNode) -> DeviceNode:
+    return DeviceNode(f"/dev/nvidia{gpu.minor}", layout.gpu_major, gpu.minor, f"{layout.dev_root}/nvidia{gpu.minor}")
+
+
+def common_edits(layout: NodeLayout) -> ContainerEdits:
+    """What every GPU container gets, whichever GPUs: control nodes, libraries, env."""
+    version = layout.driver_version
+    lib = layout.library
+    mounts = [
+        Mount(lib, f"{LIBDIR_IN_CONTAINER}/libnvidia-ml.so.{version}"),
+        Mount(lib, f"{LIBDIR_IN_CONTAINER}/libnvidia-ml.so.1"),
+        Mount(layout.state, STATE_IN_CONTAINER),
+    ]
+    if layout.nvidia_smi:
+        mounts.append(Mount(layout.nvidia_smi, SMI_IN_CONTAINER))
+    env = [f"MOKKA_STATE={STATE_IN_CONTAINER}"]
+    if layout.sysfs_shim:
+        mounts.append(Mount(layout.sysfs_shim, SHIM_IN_CONTAINER))
+        env.append(f"LD_PRELOAD={SHIM_IN_CONTAINER}")
+    return ContainerEdits(env=tuple(env), device_nodes=tuple(control_nodes(layout)), mounts=tuple(mounts))
+
+
+def container_edits(layout: NodeLayout, gpus: Sequence[GpuNode]) -> ContainerEdits:
+    """Everything a container needs to see exactly ``gpus``."""
+    common = common_edits(layout)
+    visible = ",".join(g.uuid for g in gpus) if gpus else "void"
+    return ContainerEdits(
+        env=(f"NVIDIA_VISIBLE_DEVICES={visible}", *common.env),
+        device_nodes=tuple(gpu_node(layout, g) for g in gpus) + common.device_nodes,
+        mounts=common.mounts,
+    )
