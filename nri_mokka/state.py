@@ -312,7 +312,8 @@ def check(data: bytes | bytearray | mmap.mmap, source: str = "state") -> tuple[i
         raise StateError(f"{source}: not a Mokka state file (bad magic)")
     if h.version != const("MOKKA_STATE_VERSION") or h.header_size != hsize or h.gpu_size != f.sizeof("mokka_gpu_t"):
         raise StateError(
-            f"{source}: state layout version {h.version} is not the supported {const('MOKKA_STATE_VERSION')}"
+            f"{source}: written for another state layout (version {h.version}, record sizes "
+            f"{h.header_size}/{h.gpu_size}); regenerate it with this Mokka"
         )
     need = hsize + h.gpu_size * h.gpu_count
     if h.gpu_count > const("MOKKA_MAX_GPUS") or len(data) < need:

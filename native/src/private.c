@@ -1,11 +1,42 @@
 /* nvidia-smi's private door: nvmlInternalGetExportTable.
  *
  * nvidia-smi asks for a table by a 16-byte id and refuses to run without it. Slot 0 holds
- * the table's size in bytes; nvidia-smi calls only slots below that size. A table that
- * declares only its size slot is accepted, and nvidia-smi then reads everything through
- * the public API, which this library serves from the state. Every other slot id is
- * refused with NVML_ERROR_INVALID_ARGUMENT, as the real library refuses ids it does not
- * know. */
+ * the table's size in bytes; nvidia-smi calls only the slots below that size, each slot
+ * being a function pointer. Every other id is refused with NVML_ERROR_INVALID_ARGUMENT,
+ * as the real library refuses ids it does not know.
+ *
+ * The table declares the real 550 size (0x7d8; nvidia-smi 535 calls nothing above 0x798).
+ * Slots whose contract was established by experiment (a logging table, nvidia-smi 550.163.01
+ * and 535.261.03, then changing one slot's answer and watching what nvidia-smi printed) are
+ * served; every other slot answers NVML_ERROR_NOT_SUPPORTED without looking at its
+ * arguments, which are not all pointers (0x488's second argument is a microsecond
+ * timestamp, 0x528's is the integer 1). NOT_SUPPORTED makes the -q fields those slots feed
+ * print "N/A" instead of the "Uninitialized" a size-8 table leaves.
+ *
+ * Established contracts (identical offsets in 535 and 550):
+ *   0x240 (device, unsigned int *supported): dmon/pmon ask it once per GPU. Failing it, or
+ *         writing 0, prints "Not supported on the device(s)"; writing a non-zero 32-bit
+ *         value lets dmon print its rows from the public API.
+ *   0x6a8 / 0x6b0 / 0x6b8 (device, unsigned int *count, record *buf): compute / MPS /
+ *         graphics processes. *count comes in as the capacity (500 in plain and -q, 250 in
+ *         --query-compute-apps) and goes out as the number written. 4128-byte records:
+ *         u32 pid at 0, u64 used memory in bytes at 8, u32 GPU instance id at 16 and compute
+ *         instance id at 20 (0xFFFFFFFF prints N/A), name inline at 32 (NUL-terminated).
+ *         0x6b0 is called only after 0x6a8 succeeds, 0x6b8 only after 0x6b0 does, and
+ *         nothing is listed unless all three succeed; a pid in both the compute and the MPS
+ *         list prints as type "M+C", graphics as "G". pmon (through a worker thread) also
+ *         needs them: while they fail it retries forever and never prints.
+ *   0x738 (device, char *buf, unsigned int length): GPU Part Number (length 0x50).
+ *   0x768 has the same shape (length 0x14) and feeds FRU Part Number; real boards print
+ *         N/A there, so it stays unsupported.
+ * Slots seen but left unsupported: 0x0b8 (topo -m), 0x0d0 (called once per output line),
+ * 0x288 (device handle by index; nvidia-smi falls back to the public call), 0x488 (pmon,
+ * per-process utilization since a timestamp), 0x528 (IBMNPU relaxed ordering), 0x688
+ * (voltage), 0x710 (atomic caps), 0x730 (PCIe host max gen), 0x740 (deferred memory clock),
+ * 0x780 (T.Limit temperature; NOT_SUPPORTED selects the plain "Shutdown/Slowdown Temp"
+ * labels filled from the public thresholds), 0x790 (addressing mode), 0x7c8 on 550 and
+ * 0x798 on 535 (sparse operation mode: the same query sits at different offsets). */
+#include <pthread.h>
 #include <string.h>
 
 #include "internal.h"
@@ -13,13 +44,87 @@
 static const unsigned char SMI_TABLE_ID[16] = {0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e,
                                                0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4};
 
-static const struct {
-    size_t size;
-} smi_table = {sizeof smi_table};
+#define SMI_TABLE_SIZE 0x7d8
+#define SLOT(offset) ((offset) / 8)
+
+enum { PROC_RECORD = 4128, PROC_NAME_AT = 32 };
+
+static nvmlReturn_t unsupported(void) { return NVML_ERROR_NOT_SUPPORTED; }
+
+static nvmlReturn_t sampling_supported(nvmlDevice_t device, unsigned int *supported) {
+    GET_GPU(device, g);
+    (void)g;
+    if (!supported) return NVML_ERROR_INVALID_ARGUMENT;
+    *supported = 1;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t processes(nvmlDevice_t device, unsigned type, unsigned int *count, unsigned char *buf) {
+    GET_GPU(device, g);
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    mokka_process_t procs[MOKKA_MAX_PROCS];
+    unsigned n_all;
+    MOKKA_READ({
+        n_all = g->n_procs < MOKKA_MAX_PROCS ? g->n_procs : MOKKA_MAX_PROCS;
+        memcpy(procs, g->procs, sizeof procs);
+    });
+    unsigned n = 0;
+    for (unsigned i = 0; i < n_all; i++) n += procs[i].type == type;
+    if (*count < n || (n && !buf)) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned k = 0;
+    for (unsigned i = 0; i < n_all; i++) {
+        if (procs[i].type != type) continue;
+        unsigned char *r = buf + (size_t)k++ * PROC_RECORD;
+        memset(r, 0, PROC_RECORD);
+        uint32_t no_instance = 0xFFFFFFFFu;
+        memcpy(r, &procs[i].pid, 4);
+        memcpy(r + 8, &procs[i].used_memory, 8);
+        memcpy(r + 16, &no_instance, 4);
+        memcpy(r + 20, &no_instance, 4);
+        size_t len = strnlen(procs[i].name, sizeof procs[i].name);
+        memcpy(r + PROC_NAME_AT, procs[i].name, len); /* record was zeroed: terminated */
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t compute_processes(nvmlDevice_t d, unsigned int *count, unsigned char *buf) {
+    return processes(d, 0, count, buf);
+}
+static nvmlReturn_t mps_processes(nvmlDevice_t d, unsigned int *count, unsigned char *buf) {
+    return processes(d, 2, count, buf);
+}
+static nvmlReturn_t graphics_processes(nvmlDevice_t d, unsigned int *count, unsigned char *buf) {
+    return processes(d, 1, count, buf);
+}
+
+static nvmlReturn_t gpu_part_number(nvmlDevice_t device, char *buf, unsigned int length) {
+    GET_GPU(device, g);
+    char pn[sizeof g->gpu_part_number];
+    MOKKA_READ(memcpy(pn, g->gpu_part_number, sizeof pn));
+    return mokka_copy_string(buf, length, pn, sizeof pn);
+}
+
+static void *smi_table[SLOT(SMI_TABLE_SIZE)];
+static pthread_once_t smi_table_once = PTHREAD_ONCE_INIT;
+
+static void smi_table_fill(void) {
+    smi_table[0] = (void *)(uintptr_t)SMI_TABLE_SIZE;
+    for (size_t i = 1; i < SLOT(SMI_TABLE_SIZE); i++) smi_table[i] = (void *)unsupported;
+    smi_table[SLOT(0x240)] = (void *)sampling_supported;
+    smi_table[SLOT(0x6a8)] = (void *)compute_processes;
+    smi_table[SLOT(0x6b0)] = (void *)mps_processes;
+    smi_table[SLOT(0x6b8)] = (void *)graphics_processes;
+    smi_table[SLOT(0x738)] = (void *)gpu_part_number;
+}
 
 EXPORT nvmlReturn_t nvmlInternalGetExportTable(const void **table, const unsigned char *id) {
     if (!table || !id) return NVML_ERROR_INVALID_ARGUMENT;
     if (memcmp(id, SMI_TABLE_ID, sizeof SMI_TABLE_ID) != 0) return NVML_ERROR_INVALID_ARGUMENT;
-    *table = &smi_table;
+    pthread_once(&smi_table_once, smi_table_fill);
+    *table = smi_table;
     return NVML_SUCCESS;
 }

@@ -1,0 +1,535 @@
+"""The driver's procfs and sysfs footprint, staged as plain files under a root.
+
+``write_tree(profile, root)`` writes, as a pure function of the profile::
+
+    root/sys/devices/pci<DDDD>:<BB>/<DDDD>:<BB>:<DD>.<F>/   one PCI function per GPU (vendor, device,
+                                                           class, config space, numa_node, local_cpus...)
+    root/sys/bus/pci/devices/<bus id>  -> ../../../devices/pci<DDDD>:<BB>/<bus id>
+    root/sys/bus/pci/drivers/nvidia/   bound devices, bind/unbind, module link
+    root/sys/module/nvidia{,_uvm,_modeset,_drm}/           version, initstate, taint, refcnt
+    root/proc/driver/nvidia/           version, params, registry, capabilities/, gpus/<bus id>/information
+    root/proc/modules                  the four nvidia modules as /proc/modules lines
+
+Every GPU sits directly on its own root bus (``pci0000:53/0000:53:00.0``), as the real
+capture's pass-through GPU does: hwloc (inside nvidia-smi) and lspci need no bridge to
+place it. Names follow the kernel: 4-digit lowercase domain (more digits only when the
+domain needs them), lowercase hex. Contents follow the real H200 capture in
+``tests/captures/h200/`` with the profile's ids, link speeds, NUMA layout and driver version.
+
+A C program sees these files at their real paths through ``native/sysfs`` (LD_PRELOAD,
+``MOKKA_SYSFS_ROOT=root``); Go programs need them bind-mounted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from nri_mokka.profile import Device, Profile, parse_bus_id
+from nri_mokka.state import _cpu_mask
+
+# Kernel strings for PCIe link speeds (drivers/pci/pci-sysfs.c, pci_speed_string()).
+LINK_SPEEDS = {
+    1: "2.5 GT/s PCIe",
+    2: "5.0 GT/s PCIe",
+    3: "8.0 GT/s PCIe",
+    4: "16.0 GT/s PCIe",
+    5: "32.0 GT/s PCIe",
+    6: "64.0 GT/s PCIe",
+    7: "128.0 GT/s PCIe",
+}
+# IORESOURCE_MEM | PREFETCH | MEM_64 | SIZEALIGN | the BAR's low flag bits (64-bit prefetchable), as captured.
+BAR_FLAGS = 0x14220C
+BAR0_SIZE = 16 << 20
+BAR4_SIZE = 32 << 20
+MMIO_BASE = 0x1000_0000_0000
+FIRST_IRQ = 41  # the capture's GPU IRQ; further GPUs count up
+MODULES = (  # name, size, users, used by -- as /proc/modules prints them
+    ("nvidia_drm", 135168, 0, ""),
+    ("nvidia_modeset", 1638400, 1, "nvidia_drm,"),
+    ("nvidia_uvm", 1830912, 0, ""),
+    ("nvidia", 14299136, 2, "nvidia_uvm,nvidia_modeset,"),
+)
+MODULE_ADDRESSES = {
+    "nvidia_drm": 0xFFFFFFFFC1A00000,
+    "nvidia_modeset": 0xFFFFFFFFC1800000,
+    "nvidia_uvm": 0xFFFFFFFFC080C000,
+    "nvidia": 0xFFFFFFFFC0400000,
+}
+# /proc/driver/nvidia/params of the capture (580.159.04); NvLinkDisable follows the profile.
+PARAMS = """\
+ResmanDebugLevel: 4294967295
+RmLogonRC: 1
+ModifyDeviceFiles: 1
+DeviceFileUID: 0
+DeviceFileGID: 0
+DeviceFileMode: 438
+InitializeSystemMemoryAllocations: 1
+UsePageAttributeTable: 4294967295
+EnableMSI: 1
+EnablePCIeGen3: 0
+MemoryPoolSize: 0
+KMallocHeapMaxSize: 0
+VMallocHeapMaxSize: 0
+IgnoreMMIOCheck: 0
+EnableStreamMemOPs: 0
+EnableUserNUMAManagement: 1
+NvLinkDisable: {nvlink_disable}
+RmProfilingAdminOnly: 0
+PreserveVideoMemoryAllocations: 0
+EnableS0ixPowerManagement: 0
+S0ixPowerManagementVideoMemoryThreshold: 256
+DynamicPowerManagement: 3
+DynamicPowerManagementVideoMemoryThreshold: 200
+RegisterPCIDriver: 1
+EnablePCIERelaxedOrderingMode: 0
+EnableResizableBar: 0
+EnableGpuFirmware: 18
+EnableGpuFirmwareLogs: 2
+RmNvlinkBandwidthLinkCount: 0
+EnableDbgBreakpoint: 0
+OpenRmEnableUnsupportedGpus: 1
+DmaRemapPeerMmio: 1
+ImexChannelCount: 2048
+CreateImexChannel0: 0
+GrdmaPciTopoCheckOverride: 0
+CoherentGPUMemoryMode: ""
+RegistryDwords: ""
+RegistryDwordsPerDevice: ""
+RmMsg: ""
+GpuBlacklist: ""
+TemporaryFilePath: ""
+ExcludedGpus: ""
+"""
+POWER = """\
+Runtime D3 status:          Disabled by default
+Video Memory:               Active
+
+GPU Hardware Support:
+ Video Memory Self Refresh: Not Supported
+ Video Memory Off:          Not Supported
+
+S0ix Power Management:
+ Platform Support:          Not Supported
+ Status:                    Disabled
+
+Notebook Dynamic Boost:     Not Supported
+"""
+# Architectures the open kernel module (and GSP firmware) drives; older ones get the proprietary wording.
+OPEN_MODULE_ARCHS = {"Turing", "Ampere", "Ada", "Hopper", "Blackwell"}
+DRIVER_DATE = "Tue Apr  8 12:00:00 UTC 2025"
+
+
+@dataclass(frozen=True)
+class PciName:
+    """A PCI function's address as the kernel spells it in sysfs."""
+
+    domain: int
+    bus: int
+    device: int
+    function: int
+
+    @classmethod
+    def of(cls, bus_id: str) -> PciName:
+        return cls(*parse_bus_id(bus_id))
+
+    @property
+    def slot(self) -> str:
+        """``0000:53:00.0`` (the kernel prints the domain with at least 4 digits)."""
+        return f"{self.domain:04x}:{self.bus:02x}:{self.device:02x}.{self.function:x}"
+
+    @property
+    def root_bus(self) -> str:
+        """``pci0000:53``: the host bridge directory under /sys/devices."""
+        return f"pci{self.domain:04x}:{self.bus:02x}"
+
+
+def sysfs_name(device: Device) -> str:
+    """The GPU's directory name under /sys/bus/pci/devices and /proc/driver/nvidia/gpus."""
+    return PciName.of(device.bus_id).slot
+
+
+def device_dir(device: Device) -> Path:
+    """The GPU's PCI function directory, relative to the root."""
+    name = PciName.of(device.bus_id)
+    return Path("sys/devices") / name.root_bus / name.slot
+
+
+def irq(device: Device) -> int:
+    return FIRST_IRQ + device.index
+
+
+def numa_node(device: Device, profile: Profile) -> int:
+    """-1 (no NUMA information, as the capture's single-node machine shows) unless the profile has several."""
+    return device.numa_node if profile.topology.numa_nodes > 1 else -1
+
+
+def node_cpus(device: Device, profile: Profile) -> list[int]:
+    """The CPUs local to the GPU: its NUMA node's share, the same split the state file's affinity uses."""
+    words = _cpu_mask(device, profile)
+    return [i for i in range(64 * len(words)) if words[i // 64] >> (i % 64) & 1]
+
+
+def cpu_count(profile: Profile) -> int:
+    return profile.topology.cpus or (os.cpu_count() or 1)
+
+
+def cpulist(cpus: list[int]) -> str:
+    """``0-55,112-167``: the kernel's %*pbl format."""
+    ranges: list[str] = []
+    i = 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        ranges.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(ranges)
+
+
+def cpumask(cpus: list[int], nbits: int) -> str:
+    """``ffff`` / ``00000000,ffffffff``: the kernel's %*pb format, 32-bit words, nbits wide."""
+    nbits = max(nbits, max(cpus, default=-1) + 1, 1)
+    value = 0
+    for cpu in cpus:
+        value |= 1 << cpu
+    words = -(-nbits // 32)
+    chunks = [f"{(value >> (32 * w)) & 0xFFFFFFFF:08x}" for w in reversed(range(words))]
+    first_bits = nbits - 32 * (words - 1)
+    chunks[0] = chunks[0][8 - -(-first_bits // 4) :]
+    return ",".join(chunks)
+
+
+@dataclass(frozen=True)
+class Bars:
+    bar0: int  # registers
+    bar1: int  # framebuffer aperture (resource2)
+    bar3: int  # resource4
+    bar1_size: int
+
+    @classmethod
+    def of(cls, device: Device) -> Bars:
+        bar1_size = _pow2(device.spec.memory.bar1_total_mib << 20)
+        stride = _pow2(bar1_size + BAR4_SIZE + BAR0_SIZE)
+        base = MMIO_BASE + device.index * stride
+        return cls(bar0=base + bar1_size + BAR4_SIZE, bar1=base, bar3=base + bar1_size, bar1_size=bar1_size)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def resource(device: Device) -> str:
+    b = Bars.of(device)
+    rows = [
+        (b.bar0, BAR0_SIZE),
+        (0, 0),
+        (b.bar1, b.bar1_size),
+        (0, 0),
+        (b.bar3, BAR4_SIZE),
+        (0, 0),
+        (0, 0),  # expansion ROM
+    ]
+    lines = []
+    for start, size in rows:
+        if size:
+            lines.append(f"0x{start:016x} 0x{start + size - 1:016x} 0x{BAR_FLAGS:016x}")
+        else:
+            lines.append(f"0x{0:016x} 0x{0:016x} 0x{0:016x}")
+    return "\n".join(lines) + "\n"
+
+
+def config_space(device: Device) -> bytes:
+    """4 KiB of PCIe config space: the capture's header and capability chain with the profile's ids.
+
+    Standard header (ids, command/status, class, 64-bit prefetchable BARs 0/1/3, subsystem,
+    INTA), then PM (0x40) -> MSI (0x48) -> PCI Express endpoint (0x60) -> MSI-X (0xb0), and
+    the extended capabilities AER (0x100) -> Device Serial Number (0x148).
+    """
+    p = device.spec.pci
+    b = Bars.of(device)
+    cfg = bytearray(4096)
+
+    def put(fmt: str, off: int, *values: int) -> None:
+        struct.pack_into("<" + fmt, cfg, off, *values)
+
+    put("HH", 0x00, p.vendor_id, p.device_id)
+    put("HH", 0x04, 0x0546, 0x0010)  # memory space, bus master, parity, SERR, INTx off; capability list
+    put("I", 0x08, (p.class_code << 8) | p.revision)
+    put("I", 0x0C, 0)  # cache line, latency, header type 0 (endpoint), BIST
+    for off, addr in ((0x10, b.bar0), (0x18, b.bar1), (0x20, b.bar3)):
+        put("II", off, (addr & 0xFFFFFFF0) | 0xC, addr >> 32)
+    put("HH", 0x2C, p.subsystem_vendor_id, p.subsystem_device_id)
+    put("B", 0x34, 0x40)
+    put("BB", 0x3C, 0xFF, 0x01)  # interrupt line (MSI in use), pin INTA
+    # Power management
+    put("BBHI", 0x40, 0x01, 0x48, 0x0013, 0x00000008)
+    # MSI: 64-bit, per-vector masking, 16 vectors capable
+    put("BBH", 0x48, 0x05, 0x60, 0x0388)
+    # PCI Express capability (version 2, endpoint)
+    cur_gen = p.current_link_gen or p.max_link_gen
+    cur_width = p.current_link_width or p.max_link_width
+    dev_gen = p.device_max_link_gen or p.max_link_gen
+    put("BBH", 0x60, 0x10, 0xB0, 0x0002)
+    put("I", 0x64, 0x112C8021)  # DevCap
+    put("HH", 0x68, 0x5134, 0x0000)  # DevCtl, DevSta
+    put("I", 0x6C, 0x00457800 | (p.max_link_width << 4) | dev_gen)  # LnkCap: ASPM L1, max width/speed
+    put("HH", 0x70, 0x0000, 0x1000 | (cur_width << 4) | cur_gen)  # LnkCtl, LnkSta (slot clock)
+    put("I", 0x84, 0x00070813)  # DevCap2
+    put("HH", 0x88, 0x1040, 0x0000)  # DevCtl2
+    put("I", 0x8C, 0x01800000 | (((1 << dev_gen) - 1) << 1))  # LnkCap2: supported speeds vector
+    put("HH", 0x90, p.max_link_gen, 0x005E)  # LnkCtl2 (target speed), LnkSta2
+    # MSI-X: 9 vectors, table and PBA in BAR0
+    put("BBHII", 0xB0, 0x11, 0x00, 0x0008, 0x00B90000, 0x00BA0000)
+    # Extended: AER v2 -> Device Serial Number v1 -> end
+    put("I", 0x100, 0x0001 | (2 << 16) | (0x148 << 20))
+    put("III", 0x104, 0, 0, 0x00462030)  # uncorrectable status/mask/severity
+    put("I", 0x110, 0)
+    put("I", 0x114, 0x0000E000)  # correctable mask
+    put("I", 0x148, 0x0003 | (1 << 16) | (0 << 20))
+    put("Q", 0x14C, _serial_number(device))
+    return bytes(cfg)
+
+
+def _serial_number(device: Device) -> int:
+    digits = "".join(c for c in device.uuid if c in "0123456789abcdefABCDEF")
+    return int(digits[-16:], 16) if digits else device.index
+
+
+def modalias(device: Device) -> str:
+    p = device.spec.pci
+    cls = p.class_code
+    return (
+        f"pci:v{p.vendor_id:08X}d{p.device_id:08X}sv{p.subsystem_vendor_id:08X}sd{p.subsystem_device_id:08X}"
+        f"bc{cls >> 16:02X}sc{(cls >> 8) & 0xFF:02X}i{cls & 0xFF:02X}"
+    )
+
+
+def uevent(device: Device) -> str:
+    p = device.spec.pci
+    return (
+        "DRIVER=nvidia\n"
+        f"PCI_CLASS={p.class_code:X}\n"
+        f"PCI_ID={p.vendor_id:04X}:{p.device_id:04X}\n"
+        f"PCI_SUBSYS_ID={p.subsystem_vendor_id:04X}:{p.subsystem_device_id:04X}\n"
+        f"PCI_SLOT_NAME={sysfs_name(device)}\n"
+        f"MODALIAS={modalias(device)}\n"
+    )
+
+
+def dma_bits(device: Device) -> int:
+    return 52 if device.spec.architecture in ("Hopper", "Blackwell") else 47
+
+
+def version_text(profile: Profile) -> str:
+    """/proc/driver/nvidia/version with the profile's driver version, worded like the real module."""
+    version = profile.driver.version
+    archs = {d.spec.architecture for d in profile.devices()}
+    if archs <= OPEN_MODULE_ARCHS:
+        first = f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  (mokka@)  "
+    else:
+        first = f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  {DRIVER_DATE}"
+    return f"{first}\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14) \n"
+
+
+def information(device: Device, profile: Profile) -> str:
+    """/proc/driver/nvidia/gpus/<bus id>/information, laid out (tabs included) like the capture."""
+    bits = dma_bits(device)
+    lines = [
+        f"Model: \t\t {device.spec.name}",
+        f"IRQ:   \t\t {irq(device)}",
+        f"GPU UUID: \t {device.uuid}",
+        f"Video BIOS: \t {device.spec.vbios_version.lower()}",
+        "Bus Type: \t PCIe",
+        f"DMA Size: \t {bits} bits",
+        f"DMA Mask: \t 0x{(1 << bits) - 1:x}",
+        f"Bus Location: \t {sysfs_name(device)}",
+        f"Device Minor: \t {device.index}",
+    ]
+    if device.spec.architecture in OPEN_MODULE_ARCHS:
+        lines.append(f"GPU Firmware: \t {profile.driver.version}")
+    lines.append("GPU Excluded:\t No")
+    return "\n".join(lines) + "\n"
+
+
+def proc_modules() -> str:
+    """/proc/modules lines of the four nvidia modules (the same for every profile)."""
+    out = []
+    for name, size, users, used_by in MODULES:
+        out.append(f"{name} {size} {users} {used_by or '-'} Live 0x{MODULE_ADDRESSES[name]:016x} (O)")
+    return "\n".join(out) + "\n"
+
+
+@dataclass(frozen=True)
+class Link:
+    """A symlink of the tree and its (relative) target."""
+
+    target: str
+
+
+def files(profile: Profile) -> dict[Path, bytes | Link]:
+    """Every file of the tree: relative path -> content, or a ``Link`` for a symlink."""
+    out: dict[Path, bytes | Link] = {}
+
+    def text(path: str | Path, value: str) -> None:
+        out[Path(path)] = value.encode()
+
+    def link(path: str | Path, target: str) -> None:
+        out[Path(path)] = Link(target)
+
+    devices = profile.devices()
+    nbits = cpu_count(profile)
+    drivers = Path("sys/bus/pci/drivers/nvidia")
+    for d in devices:
+        p = d.spec.pci
+        base = device_dir(d)
+        name = sysfs_name(d)
+        cpus = node_cpus(d, profile)
+
+        for key, value in (
+            ("vendor", f"0x{p.vendor_id:04x}"),
+            ("device", f"0x{p.device_id:04x}"),
+            ("class", f"0x{p.class_code:06x}"),
+            ("revision", f"0x{p.revision:02x}"),
+            ("subsystem_vendor", f"0x{p.subsystem_vendor_id:04x}"),
+            ("subsystem_device", f"0x{p.subsystem_device_id:04x}"),
+            ("numa_node", str(numa_node(d, profile))),
+            ("local_cpulist", cpulist(cpus)),
+            ("local_cpus", cpumask(cpus, nbits)),
+            ("irq", str(irq(d))),
+            ("enable", "1"),
+            ("current_link_speed", LINK_SPEEDS[p.current_link_gen or p.max_link_gen]),
+            ("current_link_width", str(p.current_link_width or p.max_link_width)),
+            ("max_link_speed", LINK_SPEEDS[p.device_max_link_gen or p.max_link_gen]),
+            ("max_link_width", str(p.max_link_width)),
+            ("dma_mask_bits", str(dma_bits(d))),
+            ("consistent_dma_mask_bits", str(dma_bits(d))),
+            ("ari_enabled", "0"),
+            ("broken_parity_status", "0"),
+            ("d3cold_allowed", "1"),
+            ("msi_bus", "1"),
+            ("power_state", "D0"),
+            ("driver_override", "(null)"),
+            ("reset_method", "flr bus"),
+            ("modalias", modalias(d)),
+        ):
+            text(base / key, value + "\n")
+        text(base / "resource", resource(d))
+        text(base / "uevent", uevent(d))
+        out[base / "config"] = config_space(d)
+        link(base / "driver", rel_path(drivers, base / "driver"))
+        link(base / "subsystem", rel_path(Path("sys/bus/pci"), base / "subsystem"))
+        bus_link = Path("sys/bus/pci/devices") / name
+        link(bus_link, rel_path(base, bus_link))
+        link(drivers / name, rel_path(base, drivers / name))
+
+        gpu = Path("proc/driver/nvidia/gpus") / name
+        text(gpu / "information", information(d, profile))
+        text(gpu / "power", POWER)
+        text(gpu / "registry", 'Binary: ""\n')
+
+    for key in ("bind", "unbind", "new_id", "remove_id"):
+        text(drivers / key, "")
+    text(drivers / "uevent", "")
+    link(drivers / "module", rel_path(Path("sys/module/nvidia"), drivers / "module"))
+    for name, _size, users, _used in MODULES:
+        mod = Path("sys/module") / name
+        text(mod / "version", profile.driver.version + "\n")
+        text(mod / "initstate", "live\n")
+        text(mod / "taint", "O\n")
+        text(mod / "refcnt", f"{users}\n")
+
+    nvlink = any(d.spec.nvlink.links > 0 for d in devices)
+    proc = Path("proc/driver/nvidia")
+    text(proc / "version", version_text(profile))
+    text(proc / "params", PARAMS.replace("{nvlink_disable}", "0" if nvlink else "1"))
+    text(proc / "registry", 'Binary: ""\n')
+    text(proc / "capabilities/mig/config", "DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
+    text(proc / "capabilities/mig/monitor", "DeviceFileMinor: 2\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    text("proc/modules", proc_modules())
+    return out
+
+
+def rel_path(target: Path, link: Path) -> str:
+    return os.path.relpath(target, link.parent)
+
+
+def directories(profile: Profile) -> list[Path]:
+    """Directories the tree holds beyond the parents of its files (empty ones included)."""
+    return [Path("proc/driver/nvidia/capabilities") / f"gpu{d.index}" / "mig" for d in profile.devices()]
+
+
+def _write_atomic(path: Path, data: bytes) -> bool:
+    """Write ``data`` to ``path`` by temp file and rename; False (nothing written) when it is there already."""
+    if not path.is_symlink() and path.is_file() and path.read_bytes() == data:
+        return False
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def _symlink_atomic(path: Path, target: str) -> bool:
+    """Point ``path`` at ``target`` by temp link and rename; False when it does already."""
+    if path.is_symlink() and os.readlink(path) == target:
+        return False
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.symlink(target, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def _mkdirs(path: Path, created: list[Path]) -> None:
+    missing = []
+    p = path
+    while not p.is_dir():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir()
+        created.append(d)
+
+
+def write_tree(profile: Profile, root: Path) -> list[Path]:
+    """Write the procfs/sysfs tree of ``profile`` under ``root``.
+
+    Returns every path this call created (directories, files, links; parents before
+    children), so ``remove_tree`` undoes it. A file or link already there with the right
+    content is left alone, one with other content is replaced atomically (and not listed:
+    stage into a fresh directory, as host setup does, when byte-exact undo matters). A
+    second call with the same profile writes nothing and returns []. Nothing is deleted:
+    entries of GPUs a previous profile had stay, so stage a new root when the profile changes.
+    """
+    created: list[Path] = []
+    for rel in directories(profile):
+        _mkdirs(root / rel, created)
+    for rel, content in files(profile).items():
+        path = root / rel
+        _mkdirs(path.parent, created)
+        existed = path.is_symlink() or path.exists()
+        wrote = _symlink_atomic(path, content.target) if isinstance(content, Link) else _write_atomic(path, content)
+        if wrote and not existed:
+            created.append(path)
+    return created
+
+
+def remove_tree(created: list[Path]) -> None:
+    """Undo ``write_tree``: remove what it created, children before parents."""
+    for path in reversed(created):
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            with contextlib.suppress(OSError):
+                path.rmdir()
