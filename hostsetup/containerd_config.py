@@ -76,6 +76,7 @@ NRI_PLUGIN = "io.containerd.nri.v1.nri"
 CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 RECORD_FORMAT = 1
 UNIT = "containerd.service"
+SYSTEMD_RUN_DIR = Path("/run/systemd/system")
 
 Key = tuple[str, ...]
 Doc = MutableMapping[str, Any]
@@ -206,12 +207,33 @@ def _parse(path: Path, data: bytes | None) -> tomlkit.TOMLDocument:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
-        return tomlkit.parse(text)
+        doc = tomlkit.parse(text)
     except tomlkit.exceptions.ParseError as exc:
         msg = re.sub(r" at line \d+ col \d+$", "", str(exc))
         raise ConfigError(f"{path}:{exc.line}:{exc.col}: malformed TOML: {msg}") from None
     except tomlkit.exceptions.TOMLKitError as exc:
         raise ConfigError(f"{path}: malformed TOML: {exc}") from None
+    if doc.as_string() != text:
+        _repair_indents(doc.body, text)
+    return doc
+
+
+def _repair_indents(body: Sequence[tuple[Any, Any]], text: str) -> None:
+    """Give each table header the indentation it has in ``text``.
+
+    tomlkit (0.15) doubles the indentation of a second indented table under the same implicit
+    parent (``[a.b.x]`` then ``[a.b.y]``) when parsing; the source text says what it was.
+    """
+    for _, item in body:
+        tables = item.body if isinstance(item, AoT) else [item] if isinstance(item, Table) else []
+        for tbl in tables:
+            name = tbl.display_name
+            if name and not tbl.is_super_table():
+                found = re.findall(rf"^([ \t]*)\[{{1,2}}{re.escape(name)}\]", text, flags=re.MULTILINE)
+                if len(found) == 1:
+                    newlines = len(tbl.trivia.indent) - len(tbl.trivia.indent.lstrip("\n"))
+                    tbl.trivia.indent = "\n" * newlines + found[0]
+            _repair_indents(tbl.value.body, text)
 
 
 # --------------------------------------------------------------------------- containerd facts
@@ -614,6 +636,8 @@ def _in_place_edits(
             plain_before["version"] = layout.version
         for key, value in wanted:
             editor.set(key, value)
+        if not editor.ops and before is not None and "version" in plain_before:
+            continue
         after = editor.render()
         if after != before:
             _check_render(path, plain_before, after, wanted)
@@ -958,7 +982,7 @@ def remove(config: Path, *, force: bool = False) -> Plan:
 
 def under_systemd(unit: str = UNIT, run: Runner = subprocess.run) -> bool:
     """True when systemd is PID 1 here and ``unit`` is active."""
-    if not Path("/run/systemd/system").is_dir():
+    if not SYSTEMD_RUN_DIR.is_dir():
         return False
     try:
         res = run(["systemctl", "is-active", "--quiet", unit], capture_output=True, text=True, check=False)

@@ -282,8 +282,8 @@ def config_space(device: Device) -> bytes:
     put("HH", 0x88, 0x1040, 0x0000)  # DevCtl2
     put("I", 0x8C, 0x01800000 | (((1 << dev_gen) - 1) << 1))  # LnkCap2: supported speeds vector
     put("HH", 0x90, p.max_link_gen, 0x005E)  # LnkCtl2 (target speed), LnkSta2
-    # MSI-X: 9 vectors, table and PBA in BAR0
-    put("BBHII", 0xB0, 0x11, 0x00, 0x0008, 0x00B90000, 0x00BA0000)
+    # MSI-X (in use): 9 vectors, table and PBA in BAR0
+    put("BBHII", 0xB0, 0x11, 0x00, 0x8008, 0x00B90000, 0x00BA0000)  # enabled
     # Extended: AER v2 -> Device Serial Number v1 -> end
     put("I", 0x100, 0x0001 | (2 << 16) | (0x148 << 20))
     put("III", 0x104, 0, 0, 0x00462030)  # uncorrectable status/mask/severity
@@ -458,8 +458,10 @@ def rel_path(target: Path, link: Path) -> str:
 
 
 def directories(profile: Profile) -> list[Path]:
-    """Directories the tree holds beyond the parents of its files (empty ones included)."""
-    return [Path("proc/driver/nvidia/capabilities") / f"gpu{d.index}" / "mig" for d in profile.devices()]
+    """Directories the tree holds beyond the parents of its files: empty ones. ``sys/bus/pci/slots``
+    is there (and empty) so that, through the redirect, the host's slots do not name the mock's functions."""
+    caps = [Path("proc/driver/nvidia/capabilities") / f"gpu{d.index}" / "mig" for d in profile.devices()]
+    return [Path("sys/bus/pci/slots"), *caps]
 
 
 def _write_atomic(path: Path, data: bytes) -> bool:

@@ -229,6 +229,92 @@ def host_cleanup(root: Path) -> None:
     click.echo(f"{root}: nothing to clean up" if not done else f"{root}: restored ({len(done)} changes undone)")
 
 
+@main.group("containerd-config")
+def containerd_config() -> None:
+    """Enable NRI and CDI in containerd and register the `nvidia` runtime handler (and undo it)."""
+
+
+CONFIG_OPTION = click.option(
+    "--config",
+    "config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("/etc/containerd/config.toml"),
+    show_default=True,
+    help="containerd's main config file.",
+)
+
+
+@containerd_config.command("install")
+@CONFIG_OPTION
+@click.option(
+    "--containerd",
+    "containerd_bin",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="containerd binary to ask for its version (default: containerd on PATH).",
+)
+@click.option("--containerd-version", type=str, default=None, help="Assume this version (e.g. 1.7, 2.1).")
+@click.option(
+    "--runtime",
+    type=str,
+    default=None,
+    help="BinaryName of the nvidia handler (default: nvidia-container-runtime if present, else runc).",
+)
+@click.option("--dry-run", is_flag=True, help="Show the diff and change nothing.")
+@click.option("--no-restart", is_flag=True, help="Do not restart containerd afterwards.")
+def containerd_install(
+    config: Path,
+    containerd_bin: Path | None,
+    containerd_version: str | None,
+    runtime: str | None,
+    dry_run: bool,
+    no_restart: bool,
+) -> None:
+    """Install (idempotent; prefers a conf.d drop-in where containerd merges it safely)."""
+    from hostsetup import containerd_config as cc
+
+    try:
+        plan = cc.plan(config, containerd_version=containerd_version, containerd=containerd_bin, runtime=runtime)
+        click.echo(plan.summary())
+        diff = plan.diff()
+        if diff:
+            click.echo(diff, nl=False)
+        if dry_run or not plan.changes:
+            click.echo("dry run: nothing changed" if dry_run else "already installed: nothing to change")
+            return
+        cc.apply(plan)
+        click.echo(f"installed; undo with: mokka containerd-config remove --config {config}")
+        if not no_restart:
+            click.echo(cc.restart(config))
+    except cc.ConfigError as exc:
+        fail(str(exc))
+
+
+@containerd_config.command("remove")
+@CONFIG_OPTION
+@click.option("--force", is_flag=True, help="Undo Mokka's keys even in files edited since the install.")
+@click.option("--dry-run", is_flag=True, help="Show the diff and change nothing.")
+@click.option("--no-restart", is_flag=True, help="Do not restart containerd afterwards.")
+def containerd_remove(config: Path, force: bool, dry_run: bool, no_restart: bool) -> None:
+    """Restore the configuration as it was before `install` (the original bytes where untouched since)."""
+    from hostsetup import containerd_config as cc
+
+    try:
+        plan = cc.plan_remove(config, force=force)
+        diff = plan.diff()
+        if diff:
+            click.echo(diff, nl=False)
+        if dry_run or not plan.changes:
+            click.echo("dry run: nothing changed" if dry_run else "nothing to remove")
+            return
+        cc.apply(plan)
+        click.echo("removed")
+        if not no_restart:
+            click.echo(cc.restart(config))
+    except cc.ConfigError as exc:
+        fail(str(exc))
+
+
 @main.group()
 def cdi() -> None:
     """Generate CDI specs for CDI-aware runtimes (containerd, CRI-O, podman)."""

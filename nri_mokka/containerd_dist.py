@@ -18,22 +18,6 @@ SUITES = {"1.7": "trixie", "2.1": "sid"}
 BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
 RUNC_SUITE = "bookworm"
 
-# sid's Release carries a Valid-Until date; a mirror snapshot older than that date is still
-# signed and usable, so the private apt state for sid skips that check (signatures are kept).
-_NO_VALID_UNTIL = 'Acquire::Check-Valid-Until "false";\n'
-_ROLLING = ("sid", "unstable")
-
-
-def _allow_stale_release(cache: Path, suite: str) -> None:
-    """Let ``suite``'s private apt state accept a Release file past its Valid-Until date."""
-    if suite not in _ROLLING:
-        return
-    parts = cache / "apt" / suite / "parts"
-    parts.mkdir(parents=True, exist_ok=True)
-    conf = parts / "50-mokka-no-valid-until.conf"
-    if not conf.exists() or conf.read_text() != _NO_VALID_UNTIL:
-        conf.write_text(_NO_VALID_UNTIL)
-
 
 def _unpacked(deb: Path, cache: Path, member: Path) -> Path:
     """``deb`` extracted once under ``<cache>/extract/<deb stem>``; return that directory."""
@@ -63,7 +47,6 @@ def fetch(version: str, cache: Path | None = None) -> Path:
         raise ValueError(f"no Debian containerd {version!r}; known: {', '.join(sorted(SUITES))}")
     cache = cache or debcache.default_cache()
     suite = SUITES[version]
-    _allow_stale_release(cache, suite)
     deb = debcache.fetch(suite, ["containerd"], cache)["containerd"]
     found = _package_version(deb)
     if not found.startswith(version + "."):

@@ -4,8 +4,8 @@ Only value-carrying static elements count: identifiers (serials, UUIDs, bus plac
 live readings (temperatures, draws, clocks now, utilization, counters), and what comes
 from the driver or the host (versions, GSP firmware, addressing and virtualization
 mode) are left out, as are elements one nvidia-smi release prints and the other does
-not. A value the mock reports where the capture says N/A is counted separately as
-invented: there must be none.
+not. Elements the capture shows as N/A carry no value: they are not counted, only checked —
+a value the mock reports there is counted as invented, and there must be none.
 """
 
 from __future__ import annotations
@@ -141,6 +141,23 @@ def leaves(elem: ET.Element, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def _drop_unprintable_lists(rl: dict[str, str], ml: dict[str, str], index: int, report: Report) -> dict[str, str]:
+    prefix = "supported_clocks/supported_mem_clock"
+    groups: dict[str, list[str]] = {}
+    for path in rl:
+        if path.startswith(prefix) and "/supported_graphics_clock" in path:
+            groups.setdefault(path.split("/supported_graphics_clock")[0], []).append(path)
+    for group, paths in groups.items():
+        if len(paths) > SMI_CLOCK_LIST_LIMIT and ml.get(f"{group}/supported_graphics_clock") == "Unknown Error":
+            report.unprintable.append(f"GPU {index} {group}: {len(paths)} graphics clocks (> {SMI_CLOCK_LIST_LIMIT})")
+            rl = {p: v for p, v in rl.items() if p not in set(paths)}
+    return rl
+
+
+def _shape(path: str) -> str:
+    return re.sub(r"\[\d+\]", "", path)
+
+
 def is_static(path: str) -> bool:
     parts = [re.sub(r"\[\d+\]$", "", p) for p in path.split("/")]
     name = parts[-1]
@@ -156,10 +173,18 @@ def is_static(path: str) -> bool:
     return name not in SKIP_NAMES
 
 
+# nvidia-smi 535/550 ask nvmlDeviceGetSupportedGraphicsClocks for at most 256 clocks
+# (seen: count=256 on input); the NVML contract answers INSUFFICIENT_SIZE for longer
+# lists and those releases print "Unknown Error". Longer lists (GB200, GB300: 260) are
+# something those releases cannot print, so they are left out and reported as such.
+SMI_CLOCK_LIST_LIMIT = 256
+
+
 @dataclass
 class Report:
     compared: int = 0
     matched: int = 0
+    unprintable: list[str] = field(default_factory=list)
     invented: list[str] = field(default_factory=list)
     mismatched: list[str] = field(default_factory=list)
 
@@ -175,15 +200,26 @@ def compare(capture_xml: str, mock_xml: str) -> Report:
     report = Report()
     for index, (r, m) in enumerate(zip(real, mock, strict=False)):
         rl, ml = leaves(r), leaves(m)
+        rl = _drop_unprintable_lists(rl, ml, index, report)
+        shapes = {_shape(p) for p in ml}
         for path, value in rl.items():
-            if path not in ml or not is_static(path):
+            if not is_static(path):
+                continue
+            if path not in ml:
+                # An element this nvidia-smi never prints is left out; a repeated element it
+                # does print (a supported clock, say) that the mock lacks is a mismatch.
+                if _shape(path) in shapes and value not in NA:
+                    report.compared += 1
+                    report.mismatched.append(f"GPU {index} {path}: capture {value!r}, mock lacks it")
+                continue
+            got = ml[path]
+            if value in NA:  # not value-carrying: only checked for invention
+                if got not in NA:
+                    report.invented.append(f"GPU {index} {path}: capture N/A, mock {got!r}")
                 continue
             report.compared += 1
-            got = ml[path]
             if got == value:
                 report.matched += 1
-            elif value in NA and got not in NA:
-                report.invented.append(f"GPU {index} {path}: capture N/A, mock {got!r}")
             else:
                 report.mismatched.append(f"GPU {index} {path}: capture {value!r}, mock {got!r}")
     return report

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_GPUS = 64
+MAX_GRAPHICS_CLOCKS = 512  # MOKKA_MAX_GFX_CLOCKS in native/mokka_state.h (a test checks they agree)
 DEFAULT_DRIVER = "550.163.01"
 DEFAULT_CUDA = "12.4"
 MIB = 1024 * 1024
@@ -171,8 +172,10 @@ class Clocks(Strict):
     @classmethod
     def _lists_fit(cls, v: list[SupportedClocks]) -> list[SupportedClocks]:
         for entry in v:
-            if len(entry.graphics_list()) > 192:
-                raise ValueError(f"memory clock {entry.memory} MHz lists more than 192 graphics clocks")
+            if len(entry.graphics_list()) > MAX_GRAPHICS_CLOCKS:
+                raise ValueError(
+                    f"memory clock {entry.memory} MHz lists more than {MAX_GRAPHICS_CLOCKS} graphics clocks"
+                )
         return v
 
 

@@ -212,3 +212,10 @@ def test_fuzz_state_loader(tmp_path: Path, stage: Callable[..., Staged]) -> None
         timeout=120,
     )
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_profile_limits_match_the_layout() -> None:
+    from nri_mokka import profile
+
+    assert state.const("MOKKA_MAX_GPUS") == profile.MAX_GPUS
+    assert state.const("MOKKA_MAX_GFX_CLOCKS") == profile.MAX_GRAPHICS_CLOCKS

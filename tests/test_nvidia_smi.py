@@ -178,6 +178,18 @@ def test_topology_single_gpu(stage: Callable[..., Staged], smi: Smi) -> None:
     assert "GPU0" in out and " X " in out
 
 
+def test_topology_eight_gpus(stage: Callable[..., Staged], smi: Smi) -> None:
+    """An HGX H100: every pair joined by 18 NVLinks, GPUs 0-3 and 4-7 on the two NUMA nodes."""
+    out = smi_run(stage("h100"), smi, "topo", "-m")
+    rows = [line.split("\t") for line in out.splitlines() if line.startswith("GPU") and "\t" in line[:5]]
+    assert len(rows) == 8
+    for i, row in enumerate(rows):
+        cells = [c.strip() for c in row[1:9]]
+        assert cells == ["X" if j == i else "NV18" for j in range(8)]
+        assert row[10].strip() == str(i // 4)  # NUMA affinity (columns: 8 GPUs, CPU, NUMA, GPU NUMA ID)
+        assert row[-1].strip() == "N/A"  # GPU NUMA ID: only coherent (C2C) GPUs are NUMA nodes
+
+
 def test_nvlink_status(stage: Callable[..., Staged], smi: Smi) -> None:
     staged = stage("h100")
     out = smi_run(staged, smi, "nvlink", "-s", "-i", "0")

@@ -104,6 +104,7 @@ def test_nvidia_ml_py(stage: Callable[..., Staged], name: str) -> None:
         assert g["nvlinks"] == s.nvlink.links
         assert g["link_count"] == (s.nvlink.links if s.nvlink.links else 0)
         assert g["procs"] == []
+        assert g["numa"] == (dev.numa_node if s.modes.c2c else "ERR:Not Supported")
     assert got["event_wait"] == "ERR:Timeout"
     if prof.gpu_count > 1:
         assert got["topology"] in (20, 30, 40, 50)

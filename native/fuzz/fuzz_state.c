@@ -33,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         nvmlDevice_t d;
         if (nvmlDeviceGetHandleByIndex_v2(i, &d) != NVML_SUCCESS) continue;
         char buf[256];
-        unsigned u, clocks[256], n;
+        unsigned u, clocks[MOKKA_MAX_MEM_CLOCKS + 1], gfx[MOKKA_MAX_GFX_CLOCKS], n;
         unsigned long long ull;
         nvmlMemory_t mem;
         nvmlPciInfo_t pci;
@@ -46,11 +46,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         nvmlDeviceGetMemoryInfo(d, &mem);
         nvmlDeviceGetPowerUsage(d, &u);
         nvmlDeviceGetTemperatureThreshold(d, (nvmlTemperatureThresholds_t)(i % 16), &u);
-        n = 256;
+        n = MOKKA_MAX_MEM_CLOCKS + 1;
         nvmlDeviceGetSupportedMemoryClocks(d, &n, clocks);
-        for (unsigned m = 0; m < n && m < 8; m++) {
-            unsigned k = 256;
-            nvmlDeviceGetSupportedGraphicsClocks(d, clocks[m], &k, clocks + 8);
+        for (unsigned m = 0; m < n && m < MOKKA_MAX_MEM_CLOCKS; m++) {
+            unsigned k = MOKKA_MAX_GFX_CLOCKS;
+            nvmlDeviceGetSupportedGraphicsClocks(d, clocks[m], &k, gfx);
         }
         n = 32;
         nvmlDeviceGetComputeRunningProcesses_v3(d, &n, procs);

@@ -924,10 +924,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryAffinity(nvmlDevice_t device, unsigned in
     return NVML_SUCCESS;
 }
 
+/* The GPU's own memory as a NUMA node: only on coherent (C2C) platforms such as Grace
+ * Blackwell; a PCIe-attached GPU answers NOT_SUPPORTED (a real H200 does). */
 EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node) {
     GET_GPU(device, g);
     NEED(node);
-    if (mokka_is_na(g->numa_node)) return NVML_ERROR_NOT_SUPPORTED;
+    if (mokka_is_na(g->numa_node) || g->c2c_mode != 1) return NVML_ERROR_NOT_SUPPORTED;
     *node = g->numa_node;
     return NVML_SUCCESS;
 }

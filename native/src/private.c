@@ -29,7 +29,12 @@
  *   0x738 (device, char *buf, unsigned int length): GPU Part Number (length 0x50).
  *   0x768 has the same shape (length 0x14) and feeds FRU Part Number; real boards print
  *         N/A there, so it stays unsupported.
- * Slots seen but left unsupported: 0x0b8 (topo -m), 0x0d0 (called once per output line),
+ *   0x0b8 (const char *bus_id_a, const char *bus_id_b, int *level): `topo -m` asks it for
+ *         every GPU pair (8-digit-domain bus id strings) and fails the whole matrix
+ *         ("Failed to run topology matrix") unless it answers. Levels 0..4 are PIX, PXB,
+ *         PHB, NODE, SYS and 5..22 NV1..NV18; nvidia-smi itself substitutes NV# for pairs
+ *         it finds joined by NVLink through the public API.
+ * Slots seen but left unsupported: 0x0d0 (called once per output line),
  * 0x288 (device handle by index; nvidia-smi falls back to the public call), 0x488 (pmon,
  * per-process utilization since a timestamp), 0x528 (IBMNPU relaxed ordering), 0x688
  * (voltage), 0x710 (atomic caps), 0x730 (PCIe host max gen), 0x740 (deferred memory clock),
@@ -37,6 +42,7 @@
  * labels filled from the public thresholds), 0x790 (addressing mode), 0x7c8 on 550 and
  * 0x798 on 535 (sparse operation mode: the same query sits at different offsets). */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -108,12 +114,34 @@ static nvmlReturn_t gpu_part_number(nvmlDevice_t device, char *buf, unsigned int
     return mokka_copy_string(buf, length, pn, sizeof pn);
 }
 
+enum { TOPO_NODE = 3, TOPO_SYS = 4 };
+
+static const mokka_gpu_t *gpu_by_bus_id(const char *bus_id) {
+    unsigned dom, bus, dev, fn;
+    if (!bus_id || sscanf(bus_id, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4) return NULL;
+    for (unsigned i = 0; i < g_mokka.visible_count; i++) {
+        const mokka_gpu_t *g = g_mokka.devices[i].gpu;
+        if (g->pci_domain == dom && g->pci_bus == bus && g->pci_device == dev && g->pci_function == fn) return g;
+    }
+    return NULL;
+}
+
+static nvmlReturn_t topology_level(const char *bus_id_a, const char *bus_id_b, int *level) {
+    if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
+    const mokka_gpu_t *a = gpu_by_bus_id(bus_id_a), *b = gpu_by_bus_id(bus_id_b);
+    if (!a || !b || !level) return NVML_ERROR_INVALID_ARGUMENT;
+    uint32_t na = mokka_is_na(a->numa_node) ? 0 : a->numa_node, nb = mokka_is_na(b->numa_node) ? 0 : b->numa_node;
+    *level = na == nb ? TOPO_NODE : TOPO_SYS;
+    return NVML_SUCCESS;
+}
+
 static void *smi_table[SLOT(SMI_TABLE_SIZE)];
 static pthread_once_t smi_table_once = PTHREAD_ONCE_INIT;
 
 static void smi_table_fill(void) {
     smi_table[0] = (void *)(uintptr_t)SMI_TABLE_SIZE;
     for (size_t i = 1; i < SLOT(SMI_TABLE_SIZE); i++) smi_table[i] = (void *)unsupported;
+    smi_table[SLOT(0x0b8)] = (void *)topology_level;
     smi_table[SLOT(0x240)] = (void *)sampling_supported;
     smi_table[SLOT(0x6a8)] = (void *)compute_processes;
     smi_table[SLOT(0x6b0)] = (void *)mps_processes;
