@@ -28,6 +28,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from nri_mokka import state
 from nri_mokka.profile import Device, Profile, parse_bus_id
 from nri_mokka.state import _cpu_mask
 
@@ -46,7 +47,6 @@ BAR_FLAGS = 0x14220C
 BAR0_SIZE = 16 << 20
 BAR4_SIZE = 32 << 20
 MMIO_BASE = 0x1000_0000_0000
-FIRST_IRQ = 41  # the capture's GPU IRQ; further GPUs count up
 MODULES = (  # name, size, users, used by -- as /proc/modules prints them
     ("nvidia_drm", 135168, 0, ""),
     ("nvidia_modeset", 1638400, 1, "nvidia_drm,"),
@@ -159,7 +159,7 @@ def device_dir(device: Device) -> Path:
 
 
 def irq(device: Device) -> int:
-    return FIRST_IRQ + device.index
+    return state.irq(device)
 
 
 def numa_node(device: Device, profile: Profile) -> int:

@@ -74,6 +74,14 @@ def _put_str(field: Any, text: str) -> None:
     ffi().memmove(field, data + b"\0", len(data) + 1)
 
 
+FIRST_IRQ = 41  # the real H200's GPU interrupt; further GPUs count up
+
+
+def irq(device: Device) -> int:
+    """The GPU's interrupt line, shared by NVML and the staged sysfs/procfs files."""
+    return FIRST_IRQ + device.index
+
+
 def _cpu_mask(device: Device, profile: Profile) -> list[int]:
     cpus = profile.topology.cpus or (os.cpu_count() or 1)
     nodes = profile.topology.numa_nodes
@@ -150,7 +158,7 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
     g.c2c_mode = _opt(None if s.modes.c2c is None else int(s.modes.c2c))
     g.pcie_replay_counter = s.pcie_replay_counter
     g.numa_node = device.numa_node if profile.topology.numa_nodes > 1 else na()
-    g.irq = 0
+    g.irq = irq(device)
     for i, word in enumerate(_cpu_mask(device, profile)):
         g.cpu_affinity[i] = word
 
