@@ -109,3 +109,24 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
             f"{rss_mock - rss_bare:>10.2f}"
         )
         print(f"target: peak RSS overhead <= {TARGETS['rss_overhead_mb']} MB")
+
+
+def host_setup(profile_name: str, rounds: int) -> None:
+    """Median wall time of plan + apply for 8 and 64 GPUs, against the targets (1 s, 3 s)."""
+    from hostsetup import node
+
+    from .profile import load
+
+    print(f"{'host setup':<28}{'median s':>10}{'max s':>8}{'target s':>10}{'ratio':>8}")
+    for count, target in ((8, 1.0), (64, 3.0)):
+        prof = load(profile_name).with_count(count)
+        times = []
+        for _ in range(rounds):
+            with tempfile.TemporaryDirectory(prefix="mokka-bench-") as tmp:
+                root = Path(tmp) / "root"
+                start = time.perf_counter()
+                node.apply(node.plan(prof, node.Options(root=root)))
+                times.append(time.perf_counter() - start)
+                node.cleanup(root)
+        med = statistics.median(times)
+        print(f"{f'{profile_name} x{count}':<28}{med:>10.3f}{max(times):>8.3f}{target:>10.1f}{med / target:>8.2f}")

@@ -418,7 +418,12 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
     sys.exit(code)
 
 
-@main.command("bench")
+@main.group()
+def bench() -> None:
+    """Benchmarks: print figures side by side with their targets (tests never time anything)."""
+
+
+@bench.command("nvml")
 @click.option("--profile", "profile_name", default="h100", show_default=True)
 @GPUS_OPTION
 @click.option(
@@ -429,12 +434,22 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
     help="nvidia-smi binary to time (default: search the cache and PATH).",
 )
 @click.option("--calls", default=1_000_000, show_default=True, help="Calls per getter.")
-def bench_cmd(profile_name: str, gpus: int | None, smi: str | None, calls: int) -> None:
-    """Measure the mock library: ns per call, nvmlInit time, nvidia-smi wall time and RSS."""
-    from . import bench
+def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int) -> None:
+    """The mock library: ns per call, nvmlInit time, nvidia-smi wall time and RSS, size."""
+    from . import bench as benchmarks
 
     p = load_profile(profile_name, gpus if gpus is not None else 8)
-    bench.run(p, smi, calls)
+    benchmarks.run(p, smi, calls)
+
+
+@bench.command("host-setup")
+@click.option("--profile", "profile_name", default="h100", show_default=True)
+@click.option("--rounds", default=5, show_default=True)
+def bench_host_setup(profile_name: str, rounds: int) -> None:
+    """`mokka host setup` wall time for 8 and 64 GPUs (fresh root each round, then cleanup)."""
+    from . import bench as benchmarks
+
+    benchmarks.host_setup(profile_name, rounds)
 
 
 if __name__ == "__main__":
