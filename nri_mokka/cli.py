@@ -418,6 +418,67 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
     sys.exit(code)
 
 
+@main.command("nri-plugin")
+@click.option(
+    "--socket",
+    "socket_path",
+    default="/var/run/nri/nri.sock",
+    show_default=True,
+    help="containerd's NRI socket (ignored when started by containerd: it passes the socket as fd 3).",
+)
+@click.option("--idx", default="10", show_default=True, help="Plugin index: two digits, ordering among plugins.")
+@click.option("--name", default="mokka", show_default=True)
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/lib/mokka"),
+    show_default=True,
+    help="Root staged by `mokka host setup` (read: node.json).",
+)
+@click.option("--health-addr", default=None, help="Serve /healthz and /readyz on HOST:PORT (e.g. :8080).")
+@click.option(
+    "--mode",
+    type=click.Choice(["all", "opt-in"]),
+    default="all",
+    show_default=True,
+    help="all: every container except opted-out pods and excluded namespaces; opt-in: only pods "
+    "annotated mokka.io/inject=true.",
+)
+@click.option("--exclude-namespace", "exclude", multiple=True, default=["kube-system"], show_default=True)
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging (wire-level).")
+def nri_plugin(
+    socket_path: str,
+    idx: str,
+    name: str,
+    root: Path,
+    health_addr: str | None,
+    mode: str,
+    exclude: tuple[str, ...],
+    verbose: bool,
+) -> None:
+    """Run the NRI plugin: containers gain the node's mock GPUs at creation.
+
+    Logs one line per decision (container, pod, what was injected and why). Reconnects
+    with backoff whenever containerd restarts or its socket is absent. A plugin config
+    string from containerd (YAML: mode, excludeNamespaces) overrides the flags.
+    """
+    import asyncio
+    import logging
+
+    from . import decision, plugin
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = decision.Config(mode=mode, exclude_namespaces=frozenset(exclude))  # type: ignore[arg-type]
+    try:
+        asyncio.run(plugin.serve(root, socket_path, name, idx, health_addr, config))
+    except ValueError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        pass
+
+
 @main.group()
 def bench() -> None:
     """Benchmarks: print figures side by side with their targets (tests never time anything)."""

@@ -26,6 +26,7 @@ STATE_IN_CONTAINER = "/run/mokka/state.bin"
 LIBDIR_IN_CONTAINER = "/usr/lib/x86_64-linux-gnu"
 SMI_IN_CONTAINER = "/usr/bin/nvidia-smi"
 SHIM_IN_CONTAINER = "/usr/lib/mokka/libmokka-sysfs.so"
+TREES_IN_CONTAINER = "/run/mokka/root"  # MOKKA_SYSFS_ROOT: the staged sys/ and proc/ trees
 
 
 @dataclass(frozen=True)
@@ -142,8 +143,12 @@ def common_edits(layout: NodeLayout) -> ContainerEdits:
         mounts.append(Mount(layout.nvidia_smi, SMI_IN_CONTAINER))
     env = [f"MOKKA_STATE={STATE_IN_CONTAINER}"]
     if layout.sysfs_shim:
+        # C tools (lspci, nvidia-smi topo's hwloc) read PCI sysfs and /proc/driver/nvidia;
+        # the shim redirects those lookups into the staged trees.
         mounts.append(Mount(layout.sysfs_shim, SHIM_IN_CONTAINER))
-        env.append(f"LD_PRELOAD={SHIM_IN_CONTAINER}")
+        for tree in ("sys", "proc"):
+            mounts.append(Mount(f"{layout.root}/{tree}", f"{TREES_IN_CONTAINER}/{tree}"))
+        env += [f"LD_PRELOAD={SHIM_IN_CONTAINER}", f"MOKKA_SYSFS_ROOT={TREES_IN_CONTAINER}"]
     return ContainerEdits(env=tuple(env), device_nodes=tuple(control_nodes(layout)), mounts=tuple(mounts))
 
 

@@ -43,6 +43,8 @@ def make_layout(root: Path, name: str, smi: bool, shim: bool) -> NodeLayout:
         (root / "nvidia-smi").write_bytes(b"\x7fELF")
     if shim:
         (root / "libmokka-sysfs.so").write_bytes(b"\x7fELF")
+        for tree in ("sys", "proc"):
+            (root / tree).mkdir(exist_ok=True)
     return NodeLayout(
         root=str(root),
         profile=name,
@@ -137,7 +139,7 @@ def test_spec_level_edits(layout: NodeLayout) -> None:
     ]
     for m in shared["mounts"]:
         assert m["options"] == ["ro", "nosuid", "nodev", "bind"] and m["type"] == "bind"
-        assert Path(m["hostPath"]).is_file()
+        assert Path(m["hostPath"]).exists()  # files, or the staged sys/ and proc/ trees
     targets = [m["containerPath"] for m in shared["mounts"]]
     assert (edits.SMI_IN_CONTAINER in targets) == bool(layout.nvidia_smi)
     assert (edits.SHIM_IN_CONTAINER in targets) == bool(layout.sysfs_shim)

@@ -1,0 +1,1 @@
+"""NRI transport (mux, ttrpc) and the plugin stub; generated protobuf bindings in _pb/ (see gen.py)."""

@@ -1,0 +1,650 @@
+"""NRI transport: mux framing, ttrpc framing and status, and the conformance of Mokka's .proto.
+
+The conformance tests compile NRI's official api.proto and ttrpc's request/status protos
+(Debian's golang-github-containerd-nri-dev and -ttrpc-dev, fetched into the private cache)
+and google.rpc.Status (googleapis-common-protos) with grpcio-tools' protoc, at test time,
+and check every message of nri_mokka/nri/proto/ against them: field by field, and by
+encoding with one side and decoding with the other, in both directions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import random
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import betterproto
+import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message as PbMessage
+
+from nri_mokka import debcache
+from nri_mokka.nri import gen, mux, ttrpc
+from nri_mokka.nri._pb import ttrpc as pb_ttrpc
+from nri_mokka.nri._pb.nri.pkg.api import v1alpha1 as pb_api
+
+# --------------------------------------------------------------------------- mux
+
+
+def test_frames_of_a_20k_message_are_at_most_4096_bytes() -> None:
+    data = random.Random(1).randbytes(20_000)
+    frames = mux.encode_frames(2, data)
+    assert len(frames) == 5
+    payloads = []
+    for frame in frames:
+        conn_id, length = struct.unpack(">II", frame[:8])
+        assert conn_id == 2
+        assert length == len(frame) - 8 <= 4096
+        payloads.append(frame[8:])
+    assert [len(p) for p in payloads] == [4096] * 4 + [20_000 - 4 * 4096]
+    assert b"".join(payloads) == data
+
+
+def test_frame_header_is_big_endian() -> None:
+    assert mux.encode_frames(1, b"abc") == [bytes.fromhex("00000001 00000003") + b"abc"]
+    assert mux.encode_frames(1, b"") == []
+    with pytest.raises(ValueError):
+        mux.encode_frames(0, b"x")
+
+
+def _pieces(data: bytes, rng: random.Random) -> Iterator[bytes]:
+    i = 0
+    while i < len(data):
+        n = rng.choice([1, 2, 3, 7, 8, 9, 100, 4095, 4096, 4097, 10_000])
+        yield data[i : i + n]
+        i += n
+
+
+def test_frame_decoder_reassembles_across_arbitrary_reads() -> None:
+    rng = random.Random(2)
+    messages = [(1 + i % 2, rng.randbytes(rng.choice([0, 1, 10, 4096, 5000, 20_000]))) for i in range(40)]
+    trunk = b"".join(f for conn, data in messages for f in mux.encode_frames(conn, data) or [])
+    for seed in range(5):
+        decoder = mux.FrameDecoder()
+        frames = [f for piece in _pieces(trunk, random.Random(seed)) for f in decoder.feed(piece)]
+        assert decoder.pending == 0
+        for conn in (1, 2):
+            got = b"".join(p for c, p in frames if c == conn)
+            assert got == b"".join(d for c, d in messages if c == conn)
+
+
+def test_frame_decoder_rejects_oversized_frames() -> None:
+    decoder = mux.FrameDecoder()
+    assert decoder.feed(struct.pack(">II", 1, 1 << 24)) == []  # the limit itself is allowed
+    with pytest.raises(mux.MuxError):
+        mux.FrameDecoder().feed(struct.pack(">II", 1, (1 << 24) + 1))
+
+
+async def _socketpair_mux() -> tuple[mux.Mux, socket.socket]:
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_unix_connection(sock=ours)
+    theirs.setblocking(False)
+    return mux.Mux(reader, writer), theirs
+
+
+async def _recv_all(sock: socket.socket, n: int) -> bytes:
+    loop = asyncio.get_running_loop()
+    buf = b""
+    while len(buf) < n:
+        chunk = await loop.sock_recv(sock, n - len(buf))
+        assert chunk, "peer closed"
+        buf += chunk
+    return buf
+
+
+def test_mux_writes_small_frames_and_delivers_per_conn_byte_streams() -> None:
+    async def scenario() -> None:
+        m, peer = await _socketpair_mux()
+        task = asyncio.create_task(m.run())
+        conn1, conn2 = m.open(1), m.open(2)
+        big = random.Random(3).randbytes(20_000)
+        await conn2.write(big)
+        raw = await _recv_all(peer, len(big) + 5 * 8)
+        frames = mux.FrameDecoder().feed(raw)
+        assert all(c == 2 and len(p) <= 4096 for c, p in frames)
+        assert b"".join(p for _, p in frames) == big
+        # incoming: a message for conn 1 cut at odd places, a frame for an unknown conn between
+        loop = asyncio.get_running_loop()
+        trunk = b"".join(mux.encode_frames(1, big, max_payload=3000))
+        trunk += b"".join(mux.encode_frames(7, b"dropped"))
+        for piece in _pieces(trunk, random.Random(4)):
+            await loop.sock_sendall(peer, piece)
+        got = b""
+        while len(got) < len(big):
+            got += await conn1.read()
+        assert got == big
+        peer.close()
+        await asyncio.wait_for(task, 5)
+        assert await conn1.read() == b""
+        assert await conn2.read() == b""
+        with pytest.raises(ConnectionError):
+            await conn2.write(b"late")
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+# --------------------------------------------------------------------------- ttrpc framing
+
+
+def test_ttrpc_message_header() -> None:
+    assert ttrpc.encode_message(1, 1, 0, b"abc") == bytes.fromhex("00000003 00000001 01 00") + b"abc"
+    assert ttrpc.encode_message(0x01020305, 2, 4, b"") == bytes.fromhex("00000000 01020305 02 04")
+    with pytest.raises(ValueError):
+        ttrpc.encode_message(1, 1, 0, bytes(ttrpc.MAX_MESSAGE + 1))
+
+
+def test_ttrpc_decoder_reassembles_across_arbitrary_reads() -> None:
+    rng = random.Random(5)
+    sent = [
+        ttrpc.Message(2 * i + 1, 1 + i % 3, i % 8, rng.randbytes(rng.choice([0, 5, 4096, 9000]))) for i in range(30)
+    ]
+    stream = b"".join(ttrpc.encode_message(m.stream_id, m.type, m.flags, m.payload) for m in sent)
+    for seed in range(5):
+        decoder = ttrpc.MessageDecoder()
+        assert [m for piece in _pieces(stream, random.Random(seed)) for m in decoder.feed(piece)] == sent
+    with pytest.raises(ttrpc.ProtocolError):
+        ttrpc.MessageDecoder().feed(struct.pack(">IIBB", ttrpc.MAX_MESSAGE + 1, 1, 1, 0))
+
+
+def test_status_decoding() -> None:
+    # Response{status: Status{code: 2, message: "boom", details: [Any{type_url: "x"}]}, payload: "p"}
+    status = bytes.fromhex("0802") + b"\x12\x04boom" + b"\x1a\x03\x0a\x01x"
+    wire = b"\x0a" + bytes([len(status)]) + status + b"\x12\x01p"
+    with pytest.raises(ttrpc.TtrpcError) as err:
+        ttrpc.decode_response(wire)
+    assert err.value.code == ttrpc.Code.UNKNOWN
+    assert err.value.message == "boom"
+    assert "UNKNOWN" in str(err.value) and "boom" in str(err.value)
+    assert ttrpc.decode_response(b"\x0a\x00\x12\x02ok") == b"ok"  # OK status present but empty
+    assert ttrpc.decode_response(b"\x12\x02ok") == b"ok"  # no status at all
+    assert ttrpc.decode_response(b"") == b""  # OK, empty reply: a zero-length message
+    assert ttrpc.TtrpcError(99, "odd").code == 99  # codes beyond gRPC's survive
+    assert ttrpc.encode_response(b"x") == b"\x12\x01x"
+    err_wire = ttrpc.encode_response(b"", ttrpc.Code.UNIMPLEMENTED, "nope")
+    with pytest.raises(ttrpc.TtrpcError) as err:
+        ttrpc.decode_response(err_wire)
+    assert (err.value.code, err.value.message) == (ttrpc.Code.UNIMPLEMENTED, "nope")
+
+
+class _Echo(pb_api.RuntimeBase):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    async def register_plugin(self, register_plugin_request: pb_api.RegisterPluginRequest) -> pb_api.Empty:
+        self.names.append(register_plugin_request.plugin_name)
+        if register_plugin_request.plugin_name == "boom":
+            raise RuntimeError("it broke")
+        if register_plugin_request.plugin_name == "slow":
+            await asyncio.sleep(10)
+        return pb_api.Empty()
+
+
+def test_client_uses_odd_increasing_stream_ids() -> None:
+    async def scenario() -> None:
+        m, peer = await _socketpair_mux()
+        task = asyncio.create_task(m.run())
+        client = ttrpc.Client(m.open(2))
+        loop = asyncio.get_running_loop()
+        frames = mux.FrameDecoder()
+        messages = ttrpc.MessageDecoder()
+        seen: list[ttrpc.Message] = []
+
+        async def peer_side() -> None:
+            while len(seen) < 3:
+                for _conn, payload in frames.feed(await loop.sock_recv(peer, 65536)):
+                    for msg in messages.feed(payload):
+                        seen.append(msg)
+                        reply = ttrpc.encode_response(bytes(pb_api.Empty()))
+                        out = ttrpc.encode_message(msg.stream_id, ttrpc.MessageType.RESPONSE, 0, reply)
+                        await loop.sock_sendall(peer, b"".join(mux.encode_frames(2, out)))
+
+        server = asyncio.create_task(peer_side())
+        for name in ("a", "b", "c"):
+            req = pb_api.RegisterPluginRequest(plugin_name=name, plugin_idx="10")
+            await client.call("nri.pkg.api.v1alpha1.Runtime", "RegisterPlugin", req, pb_api.Empty, timeout=5)
+        await server
+        assert [m.stream_id for m in seen] == [1, 3, 5]
+        assert {(m.type, m.flags) for m in seen} == {(1, 0)}
+        env = pb_ttrpc.Request().parse(seen[0].payload)
+        assert (env.service, env.method) == ("nri.pkg.api.v1alpha1.Runtime", "RegisterPlugin")
+        assert 0 < env.timeout_nano <= 5_000_000_000
+        assert pb_api.RegisterPluginRequest().parse(env.payload).plugin_name == "a"
+        peer.close()
+        await task
+        with pytest.raises(ConnectionError):
+            await client.call("s", "m", pb_api.Empty(), pb_api.Empty)
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_server_dispatch_status_and_stream_id_rules() -> None:
+    async def scenario() -> None:
+        m, peer = await _socketpair_mux()
+        echo = _Echo()
+        tasks = [asyncio.create_task(m.run()), asyncio.create_task(ttrpc.Server(m.open(2), [echo]).serve())]
+        loop = asyncio.get_running_loop()
+        frames = mux.FrameDecoder()
+        messages = ttrpc.MessageDecoder()
+        pending: list[ttrpc.Message] = []
+
+        async def call(stream_id: int, service: str, method: str, payload: bytes, timeout_nano: int = 0) -> bytes:
+            env = pb_ttrpc.Request(service=service, method=method, payload=payload, timeout_nano=timeout_nano)
+            msg = ttrpc.encode_message(stream_id, ttrpc.MessageType.REQUEST, 0, bytes(env))
+            for piece in _pieces(b"".join(mux.encode_frames(2, msg, max_payload=7)), random.Random(stream_id)):
+                await loop.sock_sendall(peer, piece)
+            while not pending:
+                for _conn, data in frames.feed(await loop.sock_recv(peer, 65536)):
+                    pending.extend(messages.feed(data))
+            reply = pending.pop(0)
+            assert (reply.stream_id, reply.type) == (stream_id, ttrpc.MessageType.RESPONSE)
+            return reply.payload
+
+        svc = "nri.pkg.api.v1alpha1.Runtime"
+        ok = bytes(pb_api.RegisterPluginRequest(plugin_name="x" * 9000, plugin_idx="10"))
+        assert ttrpc.decode_response(await call(1, svc, "RegisterPlugin", ok)) == b""
+        assert echo.names == ["x" * 9000]
+
+        def status(payload: bytes) -> tuple[int, str]:
+            with pytest.raises(ttrpc.TtrpcError) as err:
+                ttrpc.decode_response(payload)
+            return int(err.value.code), err.value.message
+
+        assert status(await call(1, svc, "RegisterPlugin", ok)) == (3, "StreamID cannot be re-used and must increment")
+        assert status(await call(4, svc, "RegisterPlugin", ok)) == (
+            3,
+            "StreamID must be odd for client initiated streams",
+        )
+        assert status(await call(5, svc, "UpdateContainers", b"")) == (12, "method UpdateContainers")
+        assert status(await call(7, "nri.pkg.api.v1alpha1.Plugin", "Configure", b"")) == (
+            12,
+            "service nri.pkg.api.v1alpha1.Plugin",
+        )
+        boom = bytes(pb_api.RegisterPluginRequest(plugin_name="boom"))
+        assert status(await call(9, svc, "RegisterPlugin", boom)) == (2, "it broke")
+        slow = bytes(pb_api.RegisterPluginRequest(plugin_name="slow"))
+        assert status(await call(11, svc, "RegisterPlugin", slow, timeout_nano=50_000_000))[0] == 4
+        peer.close()
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_server_answers_data_messages_with_invalid_argument() -> None:
+    async def scenario() -> None:
+        m, peer = await _socketpair_mux()
+        tasks = [asyncio.create_task(m.run()), asyncio.create_task(ttrpc.Server(m.open(1), [_Echo()]).serve())]
+        loop = asyncio.get_running_loop()
+        data = ttrpc.encode_message(3, ttrpc.MessageType.DATA, 0, b"")
+        await loop.sock_sendall(peer, b"".join(mux.encode_frames(1, data)))
+        raw = await _recv_all(peer, 8 + 10)
+        length = struct.unpack(">I", raw[8:12])[0]
+        raw += await _recv_all(peer, length)
+        [(conn, payload)] = mux.FrameDecoder().feed(raw)
+        [reply] = ttrpc.MessageDecoder().feed(payload)
+        assert conn == 1 and reply.stream_id == 3
+        with pytest.raises(ttrpc.TtrpcError) as err:
+            ttrpc.decode_response(reply.payload)
+        assert err.value.code == ttrpc.Code.INVALID_ARGUMENT
+        peer.close()
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+# --------------------------------------------------------------------------- generated code
+
+
+def test_generated_code_is_up_to_date() -> None:
+    if problems := gen.version_mismatches():
+        pytest.skip("generator versions differ from the pins: " + "; ".join(problems))
+    assert gen.check(), "nri_mokka/nri/_pb is stale: run python -m nri_mokka.nri.gen"
+
+
+# --------------------------------------------------------------------------- conformance
+
+NRI_API = "usr/share/gocode/src/github.com/containerd/nri/pkg/api"
+TTRPC = "usr/share/gocode/src/github.com/containerd/ttrpc"
+# Mokka's messages whose official counterpart has another name. ttrpc's Go code sends
+# google.rpc.Status in Response.status; its status.proto (".Status") declares only code.
+RENAMED = {"ttrpc.Status": "google.rpc.Status"}
+SAME_TYPE = {"ttrpc.Status": {"Status", "google.rpc.Status"}}
+
+
+def _protoc(includes: list[Path], files: list[str], out: Path) -> descriptor_pb2.FileDescriptorSet:
+    cmd = [sys.executable, "-m", "grpc_tools.protoc", *(f"-I{i}" for i in includes)]
+    cmd += ["--include_imports", f"--descriptor_set_out={out}", *files]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    return descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+
+
+def _pool(fds: descriptor_pb2.FileDescriptorSet) -> descriptor_pool.DescriptorPool:
+    pool = descriptor_pool.DescriptorPool()
+    for f in fds.file:
+        pool.Add(f)
+    return pool
+
+
+class Protos:
+    def __init__(
+        self, official: descriptor_pool.DescriptorPool, ours: descriptor_pool.DescriptorPool, names: list[str]
+    ) -> None:
+        self.official = official
+        self.ours = ours
+        self.names = names  # full names of Mokka's top-level messages
+
+    def official_for(self, our_name: str) -> Descriptor:
+        return self.official.FindMessageTypeByName(RENAMED.get(our_name, our_name))
+
+    def official_class(self, desc: Descriptor) -> type[PbMessage]:
+        return message_factory.GetMessageClass(desc)
+
+
+@pytest.fixture(scope="module")
+def protos(tmp_path_factory: pytest.TempPathFactory) -> Protos:
+    tmp = tmp_path_factory.mktemp("nri-proto")
+    debs = debcache.fetch("trixie", ["golang-github-containerd-nri-dev", "golang-github-containerd-ttrpc-dev"])
+    for deb in debs.values():
+        debcache.extract(deb, tmp / "deb")
+    google_root = Path(importlib.import_module("google.rpc").__path__[0]).parent.parent
+    assert (google_root / "google/rpc/status.proto").is_file(), "googleapis-common-protos ships no status.proto"
+    official = _protoc(
+        [tmp / "deb" / NRI_API, tmp / "deb" / TTRPC, google_root],
+        ["api.proto", "request.proto", "proto/status.proto", "google/rpc/status.proto"],
+        tmp / "official.pb",
+    )
+    proto_files = sorted(p.name for p in gen.PROTO_DIR.glob("*.proto"))
+    ours = _protoc([gen.PROTO_DIR], proto_files, tmp / "ours.pb")
+    names = [
+        f"{f.package}.{m.name}" if f.package else m.name
+        for f in ours.file
+        if f.name in proto_files
+        for m in f.message_type
+    ]
+    return Protos(_pool(official), _pool(ours), names)
+
+
+def _map_entry(field: FieldDescriptor) -> bool:
+    return field.message_type is not None and field.message_type.GetOptions().map_entry
+
+
+def _is_repeated(field: FieldDescriptor) -> bool:
+    if hasattr(field, "is_repeated"):  # protobuf >= 6.31; `label` is gone in 7
+        return bool(field.is_repeated)
+    return bool(field.label == FieldDescriptor.LABEL_REPEATED)
+
+
+def _same_type(ours: FieldDescriptor, official: FieldDescriptor) -> bool:
+    if ours.type != official.type:
+        return False
+    if ours.message_type is not None and not _map_entry(ours):
+        return official.message_type.full_name in SAME_TYPE.get(
+            ours.message_type.full_name, {ours.message_type.full_name}
+        )
+    if ours.enum_type is not None:
+        return bool(ours.enum_type.full_name == official.enum_type.full_name)
+    return True
+
+
+def test_every_declared_field_matches_the_official_protos(protos: Protos) -> None:
+    assert len(protos.names) >= 20
+    checked: set[str] = set()
+
+    def check(ours: Descriptor, official: Descriptor) -> None:
+        if ours.full_name in checked:
+            return
+        checked.add(ours.full_name)
+        assert ours.fields or ours.name == "Empty", f"{ours.full_name} declares no field"
+        for f in ours.fields:
+            off = official.fields_by_number.get(f.number)
+            where = f"{ours.full_name}.{f.name} = {f.number}"
+            assert off is not None, f"{where}: no field {f.number} in {official.full_name}"
+            assert off.name == f.name, f"{where}: official name is {off.name}"
+            assert _is_repeated(off) == _is_repeated(f), f"{where}: repeated differs"
+            assert _map_entry(off) == _map_entry(f), f"{where}: map differs"
+            assert _same_type(f, off), f"{where}: type differs from {official.full_name}.{off.name}"
+            if _map_entry(f):
+                for k in ("key", "value"):
+                    assert _same_type(f.message_type.fields_by_name[k], off.message_type.fields_by_name[k]), where
+            elif f.message_type is not None:
+                check(f.message_type, protos.official_for(f.message_type.full_name))
+            if f.enum_type is not None:
+                for value in f.enum_type.values:
+                    off_value = off.enum_type.values_by_number.get(value.number)
+                    assert off_value is not None and off_value.name == value.name, f"{where}: enum {value.name}"
+
+    for name in protos.names:
+        check(protos.ours.FindMessageTypeByName(name), protos.official_for(name))
+    assert checked == set(protos.names), "every message is checked at top level"
+    for fd_name in ("nri.proto",):
+        for svc in protos.ours.FindFileByName(fd_name).services_by_name.values():
+            official_svc = protos.official.FindServiceByName(svc.full_name)
+            for method in svc.methods:
+                off = official_svc.methods_by_name[method.name]
+                assert off.input_type.full_name == method.input_type.full_name, method.full_name
+                assert off.output_type.full_name == method.output_type.full_name, method.full_name
+
+
+# Values: a distinctive value for every field, from the field's number and depth.
+
+
+def _scalar(field: FieldDescriptor, n: int) -> Any:
+    t = FieldDescriptor
+    values: dict[int, Callable[[], Any]] = {
+        t.TYPE_STRING: lambda: f"{field.name}-{n}-é",
+        t.TYPE_BYTES: lambda: bytes([n % 256, 0, 255]) * 3,
+        t.TYPE_BOOL: lambda: True,
+        t.TYPE_INT32: lambda: -(1000 + n),
+        t.TYPE_SINT32: lambda: -(1000 + n),
+        t.TYPE_UINT32: lambda: 0o644 + n,
+        t.TYPE_INT64: lambda: -(1 << 40) - n,
+        t.TYPE_SINT64: lambda: -(1 << 40) - n,
+        t.TYPE_UINT64: lambda: (1 << 40) + n,
+        t.TYPE_ENUM: lambda: max(v.number for v in field.enum_type.values),
+    }
+    return values[field.type]()
+
+
+def _tree(desc: Descriptor, n: int = 1, depth: int = 0) -> dict[str, Any]:
+    """A populated message as a plain tree keyed by field name (all fields of ``desc``)."""
+    out: dict[str, Any] = {}
+    if depth > 6:
+        return out
+    for f in desc.fields:
+        k = n * 10 + f.number
+        if _map_entry(f):
+            vf = f.message_type.fields_by_name["value"]
+            out[f.name] = {f"k{k}-{i}": _value(vf, k + i, depth) for i in range(2)}
+        elif _is_repeated(f):
+            out[f.name] = [_value(f, k + i, depth) for i in range(2)]
+        else:
+            out[f.name] = _value(f, k, depth)
+    return out
+
+
+def _value(f: FieldDescriptor, n: int, depth: int) -> Any:
+    if f.type == FieldDescriptor.TYPE_MESSAGE:
+        return _tree(f.message_type, n, depth + 1)
+    return _scalar(f, n)
+
+
+def _to_betterproto(cls: type[betterproto.Message], desc: Descriptor, tree: dict[str, Any]) -> betterproto.Message:
+    module = sys.modules[cls.__module__]
+    kwargs: dict[str, Any] = {}
+    for f in desc.fields:
+        if f.name not in tree:
+            continue
+        value = tree[f.name]
+        if f.type == FieldDescriptor.TYPE_MESSAGE and not _map_entry(f):
+            sub = getattr(module, f.message_type.name)
+            if _is_repeated(f):
+                value = [_to_betterproto(sub, f.message_type, v) for v in value]
+            else:
+                value = _to_betterproto(sub, f.message_type, value)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def _fill_official(msg: PbMessage, tree: dict[str, Any]) -> None:
+    for f in msg.DESCRIPTOR.fields:
+        if f.name not in tree:
+            continue
+        value = tree[f.name]
+        target = getattr(msg, f.name)
+        if _map_entry(f):
+            for k, v in value.items():
+                if f.message_type.fields_by_name["value"].type == FieldDescriptor.TYPE_MESSAGE:
+                    _fill_official(target[k], v)
+                else:
+                    target[k] = v
+        elif f.type == FieldDescriptor.TYPE_MESSAGE:
+            if _is_repeated(f):
+                for v in value:
+                    _fill_official(target.add(), v)
+            else:
+                target.SetInParent()
+                _fill_official(target, value)
+        elif _is_repeated(f):
+            target.extend(value)
+        else:
+            setattr(msg, f.name, value)
+
+
+def _canon_betterproto(
+    msg: betterproto.Message, desc: Descriptor, official: Descriptor | None = None
+) -> dict[int, Any]:
+    """Mokka's fields of a betterproto message; with ``official``, only those it also has."""
+    out: dict[int, Any] = {}
+    for f in desc.fields:
+        sub = None
+        if official is not None:
+            off = official.fields_by_number.get(f.number)
+            if off is None:  # only where the official counterpart is ttrpc's code-only Status
+                continue
+            sub = off.message_type
+        value = getattr(msg, f.name)
+        if f.type == FieldDescriptor.TYPE_MESSAGE and not _map_entry(f):
+            if _is_repeated(f):
+                value = [_canon_betterproto(v, f.message_type, sub) for v in value]
+            else:
+                value = _canon_betterproto(value, f.message_type, sub)
+        elif _map_entry(f):
+            value = dict(value)
+        elif _is_repeated(f):
+            value = list(value)
+        elif f.enum_type is not None:
+            value = int(value)
+        out[f.number] = value
+    return out
+
+
+def _canon_official(msg: PbMessage, desc: Descriptor) -> dict[int, Any]:
+    """Mokka's fields (``desc``, matched by number) of an official message."""
+    out: dict[int, Any] = {}
+    for f in desc.fields:
+        off = msg.DESCRIPTOR.fields_by_number.get(f.number)
+        if off is None:  # only where the official counterpart is ttrpc's code-only Status
+            continue
+        value = getattr(msg, off.name)
+        if f.type == FieldDescriptor.TYPE_MESSAGE and not _map_entry(f):
+            if _is_repeated(f):
+                value = [_canon_official(v, f.message_type) for v in value]
+            else:
+                value = _canon_official(value, f.message_type)
+        elif _map_entry(f):
+            value = dict(value)
+        elif _is_repeated(f):
+            value = list(value)
+        out[f.number] = value
+    return out
+
+
+def _betterproto_class(name: str) -> type[betterproto.Message]:
+    package, _, cls = name.rpartition(".")
+    module = {"nri.pkg.api.v1alpha1": pb_api, "ttrpc": pb_ttrpc}[package]
+    found: type[betterproto.Message] = getattr(module, cls)
+    return found
+
+
+def test_every_generated_class_is_declared() -> None:
+    generated = {
+        f"{pkg}.{name}"
+        for pkg, module in (("nri.pkg.api.v1alpha1", pb_api), ("ttrpc", pb_ttrpc))
+        for name, obj in vars(module).items()
+        if isinstance(obj, type) and issubclass(obj, betterproto.Message) and obj.__module__ == module.__name__
+    }
+    declared = {
+        f"{package}.{line.split()[1]}"
+        for package, proto in (("nri.pkg.api.v1alpha1", "nri.proto"), ("ttrpc", "ttrpc.proto"))
+        for line in (gen.PROTO_DIR / proto).read_text().splitlines()
+        if line.startswith("message ")
+    }
+    assert generated == declared
+
+
+def test_betterproto_to_official(protos: Protos) -> None:
+    for name in protos.names:
+        desc = protos.ours.FindMessageTypeByName(name)
+        tree = _tree(desc)
+        ours = _to_betterproto(_betterproto_class(name), desc, tree)
+        assert _canon_betterproto(ours, desc) == _canon_betterproto(
+            _betterproto_class(name)().parse(bytes(ours)), desc
+        ), name
+        official_desc = protos.official_for(name)
+        official = protos.official_class(official_desc).FromString(bytes(ours))
+        assert _canon_official(official, desc) == _canon_betterproto(ours, desc, official_desc), name
+
+
+def test_official_to_betterproto(protos: Protos) -> None:
+    for name in protos.names:
+        desc = protos.ours.FindMessageTypeByName(name)
+        official_desc = protos.official_for(name)
+        official = protos.official_class(official_desc)()
+        _fill_official(official, _tree(official_desc))  # every official field, also those Mokka skips
+        wire = official.SerializeToString()
+        ours = _betterproto_class(name)().parse(wire)
+        assert _canon_betterproto(ours, desc, official_desc) == _canon_official(official, desc), name
+
+
+def test_ttrpc_response_status_as_go_sends_it(protos: Protos) -> None:
+    """Go's ttrpc puts google.rpc.Status (code, message, details) into Response field 1."""
+    status_cls = protos.official_class(protos.official.FindMessageTypeByName("google.rpc.Status"))
+    status = status_cls(code=9, message="plugin said no")
+    status.details.add(type_url="type.example/x", value=b"\x01\x02")
+    response_cls = protos.official_class(protos.official.FindMessageTypeByName("ttrpc.Response"))
+    # Go's Response: field 1 holds google.rpc.Status; ttrpc's status.proto knows only its code.
+    wire = b"\x0a" + _varint(len(status.SerializeToString())) + status.SerializeToString() + b"\x12\x00"
+    assert response_cls.FromString(wire).status.code == 9
+    with pytest.raises(ttrpc.TtrpcError) as err:
+        ttrpc.decode_response(wire)
+    assert (err.value.code, err.value.message) == (ttrpc.Code.FAILED_PRECONDITION, "plugin said no")
+    mine = ttrpc.encode_response(b"", ttrpc.Code.UNKNOWN, "refused")
+    status_bytes = response_cls.FromString(mine).status.SerializeToString()  # unknown fields kept
+    parsed = status_cls.FromString(status_bytes)
+    assert (parsed.code, parsed.message) == (2, "refused")
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def test_event_mask_bits_follow_the_official_enum(protos: Protos) -> None:
+    from nri_mokka.nri.stub import event_mask
+
+    event = protos.official.FindEnumTypeByName("nri.pkg.api.v1alpha1.Event")
+    for value in event.values:
+        if 0 < value.number < event.values_by_name["LAST"].number:
+            assert event_mask([getattr(pb_api.Event, value.name)]) == 1 << (value.number - 1)
