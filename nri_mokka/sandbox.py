@@ -518,6 +518,27 @@ class Sandbox:
         self._wait_cri()
         log.info("containerd %s ready at %s in %.2fs", self.server_version, self.address, time.monotonic() - t0)
 
+    def restart(self) -> None:
+        """Stop containerd (SIGTERM, as systemd does) and start it again on the same state."""
+        assert self._proc is not None and self.bindir is not None
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        with self.log_file.open("ab") as out:
+            self._proc = subprocess.Popen(
+                [str(self.bindir / "containerd"), "--config", str(self.config_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._wait_ready()
+        self._wait_cri()
+        log.info("containerd %s restarted", self.version)
+
     def _note_created(self, path: Path) -> None:
         """Remember the missing ancestors of ``path`` (outside BASE) so stop() can remove them if empty."""
         missing = [p for p in (path, *path.parents) if not p.exists()]
@@ -644,6 +665,8 @@ class Sandbox:
             "socket_path": str(self.nri_socket),
             "plugin_path": str(b / "nri" / "plugins"),
             "plugin_config_path": str(b / "nri" / "conf.d"),
+            "plugin_registration_timeout": "5s",
+            "plugin_request_timeout": "2s",
             "plugin_registration_timeout": "5s",
             "plugin_request_timeout": "2s",
         }

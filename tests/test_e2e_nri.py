@@ -1,0 +1,181 @@
+"""End to end: the NRI plugin on a real containerd (1.7 and 2.1), driven through CRI.
+
+Host setup stages the h100 profile with Debian's nvidia-smi; a private containerd with NRI on
+runs ``mokka nri-plugin`` as kubelet's node would. A container from a local image with nothing
+NVIDIA inside runs ``nvidia-smi -L`` and sees the profile's GPUs; ``NVIDIA_VISIBLE_DEVICES=1,3``
+narrows that to two, renumbered; an opted-out pod sees none; after containerd restarts the
+plugin registers again and the next container is injected; a stopped (SIGSTOP) plugin does not
+keep containers from starting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nri_mokka import edits, profile, sandbox
+from test_e2e_cdi import (  # noqa: F401 - fixtures shared with the CDI end-to-end tests
+    PROBE,
+    PROFILE,
+    device_nodes,
+    layout,
+    sections,
+    smi550,
+    workload_image,
+    workload_rootfs,
+)
+
+pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
+
+VERSIONS = ["1.7", "2.1"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PluginProcess:
+    """`mokka nri-plugin` as a child process, with its health endpoint."""
+
+    def __init__(self, box: sandbox.Sandbox, root: str, log: Path) -> None:
+        self.port = free_port()
+        self.log = log
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "nri_mokka.cli",
+                "nri-plugin",
+                "--socket",
+                str(box.nri_socket),
+                "--root",
+                root,
+                "--health-addr",
+                f"127.0.0.1:{self.port}",
+            ],
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def health(self) -> tuple[int, dict[str, object]]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as res:
+                return res.status, json.loads(res.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+        except OSError:
+            return 0, {}
+
+    def wait_registered(self, registrations: int = 1, timeout: float = 15) -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            code, body = self.health()
+            if code == 200 and int(body.get("registrations", 0)) >= registrations:  # type: ignore[call-overload]
+                return time.monotonic() - start
+            time.sleep(0.02)
+        raise AssertionError(f"plugin not registered ({registrations}) within {timeout}s:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(params=VERSIONS, ids=[f"containerd-{v}" for v in VERSIONS])
+def node_with_plugin(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    layout: edits.NodeLayout,
+    workload_image: Path,
+) -> Iterator[tuple[sandbox.Sandbox, PluginProcess]]:
+    base = tmp_path_factory.mktemp("nb")
+    shutil.rmtree(base)
+    logs = tmp_path_factory.mktemp("logs")
+    box = sandbox.Sandbox(base, request.param, nri=True, log_file=logs / "containerd.log")
+    with box:
+        box.import_image(workload_image)
+        plugin = PluginProcess(box, layout.root, logs / "plugin.log")
+        try:
+            plugin.wait_registered()
+            yield box, plugin
+        finally:
+            plugin.stop()
+    assert sandbox.leftovers(base) == []
+
+
+def run_probe(
+    box: sandbox.Sandbox, pod_annotations: dict[str, str] | None = None, env: dict[str, str] | None = None
+) -> str:
+    pod = box.run_pod(f"p{time.monotonic_ns() % 10**8}", annotations=pod_annotations or {})
+    result = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", PROBE], env=env or {})
+    box.remove_pod(pod)
+    return result.logs
+
+
+def smi_lines(output: str) -> list[str]:
+    return [ln for ln in sections(output)["smi"] if ln.startswith("GPU ")]
+
+
+def test_unmodified_container_sees_every_gpu(node_with_plugin: tuple[sandbox.Sandbox, PluginProcess]) -> None:
+    box, _ = node_with_plugin
+    out = run_probe(box)
+    devices = profile.load(PROFILE).devices()
+    assert smi_lines(out) == [f"GPU {d.index}: {d.spec.name} (UUID: {d.uuid})" for d in devices], out
+    nodes = device_nodes(sections(out)["dev"])
+    assert {f"nvidia{i}" for i in range(8)} | {"nvidiactl", "nvidia-uvm"} <= set(nodes)
+    assert "read-only" in sections(out)["write"]
+
+
+def test_visible_devices_narrow_and_renumber(node_with_plugin: tuple[sandbox.Sandbox, PluginProcess]) -> None:
+    box, _ = node_with_plugin
+    out = run_probe(box, env={"NVIDIA_VISIBLE_DEVICES": "1,3"})
+    d = profile.load(PROFILE).devices()
+    assert smi_lines(out) == [
+        f"GPU 0: {d[1].spec.name} (UUID: {d[1].uuid})",
+        f"GPU 1: {d[3].spec.name} (UUID: {d[3].uuid})",
+    ], out
+
+
+def test_opted_out_pod_sees_nothing(node_with_plugin: tuple[sandbox.Sandbox, PluginProcess]) -> None:
+    box, _ = node_with_plugin
+    out = run_probe(box, pod_annotations={"mokka.io/inject": "false"})
+    assert smi_lines(out) == []
+    assert "exit 127" in sections(out)["smi"]  # no nvidia-smi at all
+    assert not [n for n in device_nodes(sections(out)["dev"]) if n.startswith("nvidia")]
+
+
+def test_plugin_returns_after_containerd_restart(node_with_plugin: tuple[sandbox.Sandbox, PluginProcess]) -> None:
+    box, plugin = node_with_plugin
+    box.restart()
+    took = plugin.wait_registered(registrations=2)
+    assert took < 5
+    assert len(smi_lines(run_probe(box))) == 8
+
+
+def test_stopped_plugin_does_not_block_containers(node_with_plugin: tuple[sandbox.Sandbox, PluginProcess]) -> None:
+    box, plugin = node_with_plugin
+    os.kill(plugin.proc.pid, signal.SIGSTOP)
+    try:
+        pod = box.run_pod("stopped-plugin")
+        result = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", "echo started"])
+        assert result.exit_code == 0 and "started" in result.logs
+        box.remove_pod(pod)
+    finally:
+        os.kill(plugin.proc.pid, signal.SIGCONT)
