@@ -667,8 +667,6 @@ class Sandbox:
             "plugin_config_path": str(b / "nri" / "conf.d"),
             "plugin_registration_timeout": "5s",
             "plugin_request_timeout": "2s",
-            "plugin_registration_timeout": "5s",
-            "plugin_request_timeout": "2s",
         }
         streaming = {"disable_tcp_service": True, "stream_server_address": "127.0.0.1", "stream_server_port": "0"}
         plugins: dict[str, Any]

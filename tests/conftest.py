@@ -14,6 +14,8 @@ from nri_mokka import driver_root, nvidia_smi, profile
 
 SMI_VERSIONS = ["550", "535"]
 
+pytest_plugins = ["e2e_fixtures"]
+
 
 class Staged:
     """A driver root on disk and a way to run programs against it with nothing else set."""

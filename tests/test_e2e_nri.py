@@ -23,18 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_e2e_cdi import PROBE, PROFILE, device_nodes, sections
 
 from nri_mokka import edits, profile, sandbox
-from test_e2e_cdi import (  # noqa: F401 - fixtures shared with the CDI end-to-end tests
-    PROBE,
-    PROFILE,
-    device_nodes,
-    layout,
-    sections,
-    smi550,
-    workload_image,
-    workload_rootfs,
-)
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 

@@ -1,0 +1,47 @@
+"""Fixtures shared by the end-to-end tests: a staged mock node and a workload image."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hostsetup import node
+from nri_mokka import edits, nvidia_smi, profile, sandbox
+
+PROFILE = "h100"
+
+
+@pytest.fixture(scope="module")
+def smi550() -> Path:
+    try:
+        return nvidia_smi.fetch("550")
+    except Exception as exc:
+        pytest.fail(f"cannot get Debian's nvidia-smi 550: {exc}")
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory: pytest.TempPathFactory, smi550: Path) -> Iterator[edits.NodeLayout]:
+    """Host setup of the h100 profile under a temporary root, undone afterwards."""
+    root = tmp_path_factory.mktemp("node")
+    node.apply(node.plan(profile.load(PROFILE), node.Options(root=root, nvidia_smi=smi550)))
+    yield edits.NodeLayout.load(root)
+    node.cleanup(root)
+    assert not root.exists() or not any(root.iterdir())
+
+
+@pytest.fixture(scope="module")
+def workload_rootfs(tmp_path_factory: pytest.TempPathFactory, layout: edits.NodeLayout, smi550: Path) -> Path:
+    """busybox plus the glibc libraries nvidia-smi and the mock need; nothing NVIDIA inside."""
+    needs = [smi550, Path(layout.library)] + ([Path(layout.sysfs_shim)] if layout.sysfs_shim else [])
+    rootfs = sandbox.make_rootfs(tmp_path_factory.mktemp("workload") / "rootfs", programs=needs)
+    assert not [p for p in rootfs.rglob("*") if "nvidia" in p.name.lower()]
+    return rootfs
+
+
+@pytest.fixture(scope="module")
+def workload_image(tmp_path_factory: pytest.TempPathFactory, workload_rootfs: Path) -> Path:
+    return sandbox.oci_archive(
+        workload_rootfs, tmp_path_factory.mktemp("images") / "workload.tar", sandbox.WORKLOAD_IMAGE
+    )
