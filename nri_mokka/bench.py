@@ -130,3 +130,134 @@ def host_setup(profile_name: str, rounds: int) -> None:
                 node.cleanup(root)
         med = statistics.median(times)
         print(f"{f'{profile_name} x{count}':<28}{med:>10.3f}{max(times):>8.3f}{target:>10.1f}{med / target:>8.2f}")
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def nri(version: str, rounds: int, per_round: int, restarts: int) -> None:
+    """CRI CreateContainer with and without the plugin (interleaved rounds), the plugin's CPU
+    time, handling p99 and RSS, and its re-registration time after containerd restarts."""
+    import json
+    import shutil
+    import socket
+    import urllib.request
+
+    import psutil
+
+    from hostsetup import node
+
+    from . import sandbox
+    from .profile import load
+
+    shm = Path("/dev/shm")
+    tmp = Path(tempfile.mkdtemp(prefix="mkb-", dir=shm if shm.is_dir() else None))  # tmpfs steadies the disk
+    try:
+        root = tmp / "root"
+        node.apply(node.plan(load("h100"), node.Options(root=root)))
+        box = sandbox.Sandbox(tmp / "sb", version, nri=True)
+        with box:
+            rootfs = sandbox.make_rootfs(tmp / "rootfs")
+            box.import_image(sandbox.oci_archive(rootfs, tmp / "img.tar", sandbox.WORKLOAD_IMAGE))
+            pod = box.run_pod("bench")
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+
+            def health() -> dict[str, object]:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as res:
+                        return dict(json.loads(res.read()))
+                except OSError:
+                    return {}
+
+            def start_plugin() -> subprocess.Popen[bytes]:
+                before = int(str(health().get("registrations", 0) or 0))
+                proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "nri_mokka.cli",
+                        "nri-plugin",
+                        "--socket",
+                        str(box.nri_socket),
+                        "--root",
+                        str(root),
+                        "--health-addr",
+                        f"127.0.0.1:{port}",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                deadline = time.monotonic() + 15
+                while int(str(health().get("registrations", 0) or 0)) <= before and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                return proc
+
+            def creates(n: int) -> list[float]:
+                out = []
+                for _ in range(n):
+                    t = time.perf_counter()
+                    cid = box.create_container(pod, sandbox.WORKLOAD_IMAGE, ["sleep", "1"])
+                    out.append(time.perf_counter() - t)
+                    box.remove_container(cid)
+                return out
+
+            with_plugin: list[float] = []
+            without: list[float] = []
+            cpu = 0.0
+            rss = 0.0
+            handling: list[dict[str, float]] = []
+            proc = start_plugin()
+            ps = psutil.Process(proc.pid)
+            for r in range(rounds):
+                print(f"round {r + 1}/{rounds}: {per_round} creates with the plugin, {per_round} without", flush=True)
+                before = sum(ps.cpu_times()[:2])
+                with_plugin += creates(per_round)
+                cpu += sum(ps.cpu_times()[:2]) - before
+                rss = max(rss, ps.memory_info().rss / 2**20)
+                round_stats = health().get("handling_ms")
+                if isinstance(round_stats, dict):
+                    handling.append(round_stats)
+                proc.terminate()
+                proc.wait()
+                without += creates(per_round)
+                proc = start_plugin()
+                ps = psutil.Process(proc.pid)
+            reregister = []
+            for i in range(restarts):
+                regs = int(str(health().get("registrations", 0)))
+                box.restart()
+                while int(str(health().get("registrations", 0) or 0)) <= regs:
+                    time.sleep(0.005)
+                reregister.append(time.monotonic() - box.started_at)
+                print(
+                    f"restart {i + 1}/{restarts}: re-registered {reregister[-1]:.3f} s after containerd started",
+                    flush=True,
+                )
+            proc.terminate()
+            proc.wait()
+            box.remove_pod(pod)
+        ms = 1000.0
+        print(
+            f"\ncontainerd {box.server_version}, {rounds} interleaved rounds of {per_round} CRI CreateContainer "
+            "(crictl, one process per call)"
+        )
+        print(f"{'CreateContainer':<30}{'with plugin':>12}{'without':>10}{'ratio':>8}{'added':>9}")
+        for name, q in (("median (ms)", 0.5), ("p99 (ms)", 0.99)):
+            a, b = _percentile(with_plugin, q) * ms, _percentile(without, q) * ms
+            print(f"{name:<30}{a:>12.2f}{b:>10.2f}{a / b:>8.2f}{a - b:>9.2f}")
+        n = len(with_plugin)
+        worst_p99 = max((h["p99"] for h in handling), default=float("nan"))
+        median = statistics.median(h["median"] for h in handling) if handling else float("nan")
+        print(f"{'plugin CPU per container (ms)':<30}{cpu / n * ms:>12.3f}{'target 0.7':>18}")
+        print(f"{'plugin handling p99 (ms)':<30}{worst_p99:>12.3f}{'target 1.0 (worst round)':>32}")
+        print(f"{'plugin handling median (ms)':<30}{median:>12.3f}")
+        print(f"{'plugin RSS (MiB)':<30}{rss:>12.1f}{'target 40':>18}")
+        worst = f"target 1.0 (max of {restarts})"
+        print(f"{'re-register after restart (s)':<30}{max(reregister):>12.3f}{worst:>26}")
+        print("re-register times: " + " ".join(f"{t:.3f}" for t in reregister))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

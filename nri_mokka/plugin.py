@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import signal
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -42,11 +44,20 @@ def to_container(pod: api.PodSandbox, container: api.Container) -> decision.Cont
 
 
 def render(edits: ContainerEdits, existing_env: Mapping[str, str]) -> ContainerAdjustment:
-    """The edits as an NRI ContainerAdjustment (the CDI generator renders the same edits)."""
+    """The edits as an NRI ContainerAdjustment (the CDI generator renders the same edits).
+
+    Building protobuf objects dominates the plugin's cost, and a node has few distinct
+    edits (one per GPU set): adjustments are built once per (edits, LD_PRELOAD) and reused.
+    """
+    return _render(edits, existing_env.get("LD_PRELOAD", ""))
+
+
+@functools.lru_cache(maxsize=256)
+def _render(edits: ContainerEdits, preload: str) -> ContainerAdjustment:
     env = []
     for key, value in edits.env_dict().items():
-        if key == "LD_PRELOAD" and existing_env.get("LD_PRELOAD"):
-            value = f"{value}:{existing_env['LD_PRELOAD']}"  # keep what the image preloads
+        if key == "LD_PRELOAD" and preload:
+            value = f"{value}:{preload}"  # keep what the image preloads
         env.append(api.KeyValue(key=key, value=value))
     mounts = [
         api.Mount(destination=m.container_path, type="bind", source=m.host_path, options=list(m.options))
@@ -73,7 +84,22 @@ class MokkaPlugin:
         self.layout: NodeLayout | None = None
         self.decisions = 0
         self.handling_seconds = 0.0
+        self.recent: deque[float] = deque(maxlen=1000)  # seconds per CreateContainer, newest last
         self.load_layout()
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """Run one synthetic container through parse, decision, rendering and encoding, so the
+        first real container does not pay for lazy class set-up and the common adjustment."""
+        if self.layout is None:
+            return
+        request = api.CreateContainerRequest(
+            pod=api.PodSandbox(name="warm-up", namespace="default"), container=api.Container(name="warm-up")
+        )
+        parsed = api.CreateContainerRequest().parse(bytes(request))
+        d = decision.decide(to_container(parsed.pod, parsed.container), self.layout, self.config)
+        if d.edits is not None:
+            bytes(api.CreateContainerResponse(adjust=render(d.edits, {})))
 
     def load_layout(self) -> None:
         try:
@@ -124,8 +150,10 @@ class MokkaPlugin:
             )
             return None
         finally:
+            took = time.perf_counter() - start
             self.decisions += 1
-            self.handling_seconds += time.perf_counter() - start
+            self.handling_seconds += took
+            self.recent.append(took)
 
 
 class Health:
@@ -142,6 +170,13 @@ class Health:
             "layout": self.plugin.layout is not None,
             "decisions": self.plugin.decisions,
         }
+        if self.plugin.recent:
+            recent = sorted(self.plugin.recent)
+            body["handling_ms"] = {
+                "median": round(recent[len(recent) // 2] * 1000, 3),
+                "p99": round(recent[min(len(recent) - 1, int(len(recent) * 0.99))] * 1000, 3),
+                "samples": len(recent),
+            }
         if path == "/healthz":
             return 200, body
         if path == "/readyz":
@@ -181,7 +216,9 @@ async def serve(
 ) -> None:
     """Run the plugin until cancelled or, when pre-launched, until containerd closes the socket."""
     plugin = MokkaPlugin(root, config)
-    stub = Stub(plugin, name=name, idx=idx, socket_path=socket_path)
+    # Reconnect attempts to an absent socket cost one failed connect(): retry often (capped at
+    # 0.2 s) so a restarted containerd gets the plugin back well within a second.
+    stub = Stub(plugin, name=name, idx=idx, socket_path=socket_path, backoff=(0.02, 0.2))
     server = None
     if health_addr:
         server = await Health(stub, plugin).serve(health_addr)

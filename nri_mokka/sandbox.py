@@ -444,6 +444,7 @@ class Sandbox:
         self.server_version = ""
         self._crictl: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0  # time.monotonic() when the current containerd process was spawned
         self._pods: dict[str, Path] = {}  # pod id -> its config file
         self._created_dirs: list[Path] = []
         self._owns_base = False  # set once start() found BASE absent or empty: only then may stop() remove it
@@ -504,6 +505,7 @@ class Sandbox:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        self.started_at = time.monotonic()
         self._wait_ready()
         self.server_version = self.ctr("version").stdout.split("Server:", 1)[-1].split()[1]
         (self.base / "crictl.yaml").write_text(
@@ -535,6 +537,7 @@ class Sandbox:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        self.started_at = time.monotonic()
         self._wait_ready()
         self._wait_cri()
         log.info("containerd %s restarted", self.version)

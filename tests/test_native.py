@@ -219,3 +219,9 @@ def test_profile_limits_match_the_layout() -> None:
 
     assert state.const("MOKKA_MAX_GPUS") == profile.MAX_GPUS
     assert state.const("MOKKA_MAX_GFX_CLOCKS") == profile.MAX_GRAPHICS_CLOCKS
+
+
+def test_cli_gpu_limit_matches_the_profile_model() -> None:
+    from nri_mokka import cli, profile
+
+    assert cli.MAX_GPUS == profile.MAX_GPUS

@@ -166,12 +166,11 @@ class Recorder:
         self.started.append(container.id)
 
 
-POD = api.PodSandbox(id="pod1", name="trainer", namespace="ml", uid="u-1", annotations={"a": "b"})
+POD = api.PodSandbox(id="pod1", name="trainer", namespace="ml", annotations={"a": "b"})
 CONTAINER = api.Container(
     id="c1",
     pod_sandbox_id="pod1",
     name="main",
-    state=api.ContainerState.CONTAINER_CREATED,
     env=["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"],
     annotations={"mokka.dev/gpus": "2"},
     linux=api.LinuxContainer(devices=[api.LinuxDevice(path="/dev/fuse", type="c", major=10, minor=229)]),

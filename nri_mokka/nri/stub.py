@@ -43,7 +43,6 @@ from nri_mokka.nri._pb.nri.pkg.api.v1alpha1 import (
     ConfigureResponse,
     Container,
     ContainerAdjustment,
-    ContainerState,
     CreateContainerRequest,
     CreateContainerResponse,
     Empty,
@@ -72,7 +71,6 @@ __all__ = [
     "RUNTIME_SERVICE",
     "Container",
     "ContainerAdjustment",
-    "ContainerState",
     "Event",
     "KeyValue",
     "LinuxContainer",
@@ -141,11 +139,36 @@ def _handler(plugin: object, name: str) -> Callable[..., Awaitable[Any]] | None:
     return cast(Callable[..., Awaitable[Any]], fn)
 
 
+class Encoded:
+    """A response already serialized: ttrpc sends ``bytes(response)``, which this returns as is."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __bytes__(self) -> bytes:
+        return self.data
+
+
 class _PluginService(PluginBase):
     """NRI's Plugin service, answered on the stub's behalf (mux conn 1)."""
 
     def __init__(self, stub: Stub) -> None:
         self.stub = stub
+        # Plugins often hand back the same (cached) adjustment object for many containers;
+        # protobuf encoding is the costly part of an answer, so encode each object once.
+        self._encoded: dict[int, tuple[ContainerAdjustment, Encoded]] = {}
+
+    def _response(self, adjust: ContainerAdjustment) -> Encoded:
+        hit = self._encoded.get(id(adjust))
+        if hit is not None and hit[0] is adjust:
+            return hit[1]
+        encoded = Encoded(bytes(CreateContainerResponse(adjust=adjust)))
+        if len(self._encoded) >= 256:
+            self._encoded.clear()
+        self._encoded[id(adjust)] = (adjust, encoded)
+        return encoded
 
     async def _invoke(self, what: str, call: Awaitable[Any]) -> Any:
         """Await a plugin handler: PluginError -> error status; other errors -> None."""
@@ -181,7 +204,9 @@ class _PluginService(PluginBase):
             await self._invoke("Shutdown", fn())
         return Empty()
 
-    async def create_container(self, create_container_request: CreateContainerRequest) -> CreateContainerResponse:
+    async def create_container(  # type: ignore[override]  # ttrpc sends bytes(response): Encoded is one
+        self, create_container_request: CreateContainerRequest
+    ) -> CreateContainerResponse | Encoded:
         req = create_container_request
         adjust: ContainerAdjustment | None = None
         if fn := _handler(self.stub.plugin, "create_container"):
@@ -190,7 +215,9 @@ class _PluginService(PluginBase):
             if adjust is not None and not isinstance(adjust, ContainerAdjustment):
                 log.error("%s: handler returned %s, not a ContainerAdjustment; no changes", what, type(adjust))
                 adjust = None
-        return CreateContainerResponse(adjust=adjust or ContainerAdjustment())
+        if adjust is None:
+            return CreateContainerResponse(adjust=ContainerAdjustment())
+        return self._response(adjust)
 
     async def state_change(self, state_change_event: StateChangeEvent) -> Empty:
         req = state_change_event

@@ -38,14 +38,6 @@ class Event(betterproto.Enum):
     LAST = 12
 
 
-class ContainerState(betterproto.Enum):
-    CONTAINER_UNKNOWN = 0
-    CONTAINER_CREATED = 1
-    CONTAINER_PAUSED = 2
-    CONTAINER_RUNNING = 3
-    CONTAINER_STOPPED = 4
-
-
 @dataclass(eq=False, repr=False)
 class RegisterPluginRequest(betterproto.Message):
     plugin_name: str = betterproto.string_field(1)
@@ -103,11 +95,7 @@ class StateChangeEvent(betterproto.Message):
 class PodSandbox(betterproto.Message):
     id: str = betterproto.string_field(1)
     name: str = betterproto.string_field(2)
-    uid: str = betterproto.string_field(3)
     namespace: str = betterproto.string_field(4)
-    labels: Dict[str, str] = betterproto.map_field(
-        5, betterproto.TYPE_STRING, betterproto.TYPE_STRING
-    )
     annotations: Dict[str, str] = betterproto.map_field(
         6, betterproto.TYPE_STRING, betterproto.TYPE_STRING
     )
@@ -118,16 +106,10 @@ class Container(betterproto.Message):
     id: str = betterproto.string_field(1)
     pod_sandbox_id: str = betterproto.string_field(2)
     name: str = betterproto.string_field(3)
-    state: "ContainerState" = betterproto.enum_field(4)
-    labels: Dict[str, str] = betterproto.map_field(
-        5, betterproto.TYPE_STRING, betterproto.TYPE_STRING
-    )
     annotations: Dict[str, str] = betterproto.map_field(
         6, betterproto.TYPE_STRING, betterproto.TYPE_STRING
     )
-    args: List[str] = betterproto.string_field(7)
     env: List[str] = betterproto.string_field(8)
-    mounts: List["Mount"] = betterproto.message_field(9)
     linux: "LinuxContainer" = betterproto.message_field(11)
 
 
