@@ -432,6 +432,47 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
     sys.exit(code)
 
 
+@main.command("demo")
+@click.option("--profile", "profile_name", default="h100", show_default=True)
+@click.option("--gpus", type=click.IntRange(1, MAX_GPUS), default=8, show_default=True)
+@click.option(
+    "--containerd",
+    "version",
+    type=click.Choice(["1.7", "2.1"]),
+    default=None,
+    help="Debian's containerd to use (default: the machine's containerd >= 1.7, else 2.1).",
+)
+@click.option("--keep", is_flag=True, help="Leave containerd, the plugin and the pod running.")
+@click.option("--stop", "stop_", is_flag=True, help="Tear down a demo left by --keep (or by a killed run).")
+def demo_cmd(profile_name: str, gpus: int, version: str | None, keep: bool, stop_: bool) -> None:
+    """An unmodified container runs nvidia-smi and sees mock GPUs — no GPU, Kubernetes or Docker.
+
+    Fetches what is missing (containerd, runc, nvidia-smi from Debian; crictl from the Go
+    module proxy) into ~/.cache/mokka, stages a mock node, starts a private containerd with
+    NRI and the Mokka plugin, creates a pod through CRI and prints the container's
+    nvidia-smi. Everything is torn down afterwards (also on Ctrl-C) unless --keep. Needs root.
+    """
+    import logging
+
+    from . import demo
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if stop_:
+        left = demo.stop()
+        if left:
+            fail("could not remove: " + "; ".join(left))
+        click.echo("demo stopped; nothing left behind")
+        return
+    try:
+        code = demo.run(demo.Options(profile=profile_name, gpus=gpus, containerd=version, keep=keep))
+    except demo.DemoError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: everything the demo started was torn down", err=True)
+        sys.exit(130)
+    sys.exit(code)
+
+
 @main.command("nri-plugin")
 @click.option(
     "--socket",

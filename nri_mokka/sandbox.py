@@ -426,7 +426,10 @@ class Sandbox:
         runtime_handlers: Mapping[str, Path] | None = None,
         log_file: Path | None = None,
         cache: Path | None = None,
+        bindir: Path | None = None,
     ) -> None:
+        """``bindir``: a directory with containerd, ctr and the runc shim to use instead of Debian's
+        build of ``version`` (which must then name the same major version)."""
         if version not in containerd_dist.SUITES:
             raise ValueError(f"containerd {version!r}: known versions {', '.join(sorted(containerd_dist.SUITES))}")
         self.base = base.absolute()
@@ -441,6 +444,7 @@ class Sandbox:
         self.config_path = self.base / "config.toml"
         self.cgroup_parent = cgroup_parent(self.base)
         self.bindir: Path | None = None
+        self._bindir = bindir
         self.server_version = ""
         self._crictl: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -462,6 +466,11 @@ class Sandbox:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+    def adopt(self) -> None:
+        """Take charge of an existing BASE (a sandbox left running by an earlier process) so
+        that ``stop()`` tears it down and removes it."""
+        self._owns_base = True
 
     @property
     def running(self) -> bool:
@@ -486,7 +495,7 @@ class Sandbox:
 
     def _start(self) -> None:
         t0 = time.monotonic()
-        self.bindir = containerd_dist.fetch(self.version, self.cache)
+        self.bindir = self._bindir or containerd_dist.fetch(self.version, self.cache)
         handlers = self._handlers or {"runc": containerd_dist.runc(self.cache)}
         self._handlers = handlers
         self._crictl = crictl(self.cache)

@@ -159,7 +159,7 @@ def test_renders_valid_manifests(render: Callable[..., Docs], case: str) -> None
 
 
 def merged(values: dict[str, Any]) -> dict[str, Any]:
-    out = yaml.safe_load((CHART / "values.yaml").read_text())
+    out: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
 
     def merge(a: dict[str, Any], b: dict[str, Any]) -> None:
         for k, v in b.items():
@@ -426,7 +426,7 @@ def fgo_load(docs: Docs, namespace: str, name: str) -> dict[str, Any]:
     ]  # fmt: skip
     assert found, f"NotFound: configmaps gpu-profile-{name} in {namespace}"
     assert "profile.yaml" in found[0]["data"], "missing key profile.yaml"
-    body = yaml.safe_load(found[0]["data"]["profile.yaml"])
+    body: dict[str, Any] = yaml.safe_load(found[0]["data"]["profile.yaml"])
     assert isinstance(body, dict)
     return body
 

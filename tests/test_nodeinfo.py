@@ -417,7 +417,7 @@ def test_cli_apply_and_remove_in_cluster(
     sa.mkdir()
     (sa / "token").write_text("token")
     (sa / "ca.crt").write_text("unused: the fake serves plain HTTP")
-    host, port = api_server.httpd.server_address[:2]
+    host, port = "127.0.0.1", api_server.httpd.server_address[1]
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", str(host))
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(port))
     monkeypatch.setenv("NODE_NAME", "worker-7")
@@ -425,7 +425,7 @@ def test_cli_apply_and_remove_in_cluster(
     monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(sa / "ca.crt"))
     from kubernetes import client, config
 
-    real_loader = config.load_incluster_config
+    real_loader: Any = config.load_incluster_config
 
     def load_then_plain_http() -> None:  # the real loader reads the files; the fake serves plain HTTP
         real_loader()

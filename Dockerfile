@@ -1,0 +1,59 @@
+# Mokka's node image: the `mokka` CLI (host setup, NRI plugin, CDI generator, node identity)
+# with the native mock libraries, on Debian slim. Build from the repository root:
+#
+#   docker build -t mokka:dev .                           # with Debian's nvidia-smi 550 (non-free)
+#   docker build -t mokka:dev --build-arg NVIDIA_SMI= .   # without nvidia-smi
+#   docker build -t mokka:dev --build-arg NVIDIA_SMI=535 .
+#
+# The image runs as an unprivileged user by default; the Helm chart runs host setup (mknod,
+# the node's driver root) and the NRI plugin (the node's root-owned NRI socket) as root.
+ARG DEBIAN_IMAGE=debian:bookworm-slim
+
+FROM ${DEBIAN_IMAGE} AS build
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# Compilers for the native libraries; gpgv and the archive keyring verify the nvidia-smi .deb.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+        build-essential python3 python3-dev python3-venv ca-certificates debian-archive-keyring gpgv \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY native/ native/
+COPY nri_mokka/ nri_mokka/
+COPY cdi/ cdi/
+COPY hostsetup/ hostsetup/
+# `pip install .` compiles native/ (nvml.h from PyPI's nvidia-nvml-dev, a build requirement)
+# and ships the libraries inside the package; kubernetes is the node-identity client.
+# hadolint ignore=DL3013
+RUN python3 -m venv /opt/mokka/venv \
+    && /opt/mokka/venv/bin/pip install --no-cache-dir . "kubernetes>=29" \
+    && /opt/mokka/venv/bin/mokka --version
+
+# nvidia-smi from Debian's non-free archive (550: trixie, 535: bookworm), verified and
+# unpacked by nri_mokka.nvidia_smi; empty NVIDIA_SMI builds an image without it.
+ARG NVIDIA_SMI=550
+RUN mkdir -p /out/usr/local/lib/mokka \
+    && if [ -n "${NVIDIA_SMI}" ]; then \
+        smi="$(/opt/mokka/venv/bin/python -c "from nri_mokka import nvidia_smi; print(nvidia_smi.fetch('${NVIDIA_SMI}'))")" \
+        && install -m 0755 "${smi}" /out/usr/local/lib/mokka/nvidia-smi; \
+    fi
+
+FROM ${DEBIAN_IMAGE}
+# python3 for the CLI; util-linux (nsenter) is part of the base image.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --user-group --home-dir /nonexistent --no-create-home \
+        --shell /usr/sbin/nologin mokka
+COPY --from=build /opt/mokka/venv /opt/mokka/venv
+COPY --from=build /out/ /
+ENV PATH=/opt/mokka/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+LABEL org.opencontainers.image.title="mokka" \
+      org.opencontainers.image.description="Mock NVIDIA GPU node: host setup, NRI plugin, CDI, node identity" \
+      org.opencontainers.image.licenses="Apache-2.0"
+USER 10001:10001
+CMD ["mokka", "--help"]

@@ -1,0 +1,103 @@
+"""`mokka demo` itself: both containerd versions, Ctrl-C midway, and its refusals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nri_mokka import demo, profile, sandbox
+
+pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
+BASE = demo.DEFAULT_BASE
+
+
+@pytest.fixture(autouse=True)
+def _root_and_clean() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mokka demo needs root")
+    assert not BASE.exists(), f"{BASE} exists before the test"
+    yield
+    assert_nothing_left()
+
+
+def assert_nothing_left() -> None:
+    assert not BASE.exists()
+    assert sandbox.leftovers(BASE / "sb") == []
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(BASE) not in mounts
+    live = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if str(BASE) in argv:
+            live.append(argv.replace("\0", " "))
+    assert not live
+
+
+def mokka(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "nri_mokka.cli", "demo", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("version", ["1.7", "2.1"])
+def test_demo_prints_the_gpu_table(version: str) -> None:
+    proc = mokka("--containerd", version)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    devices = profile.load("h100").devices()
+    rows = [ln for ln in out.splitlines() if "NVIDIA H100 80GB HBM3" in ln]
+    assert len(rows) == 8, out
+    for d, row in zip(devices, rows, strict=True):
+        assert row.split()[1] == str(d.index) and d.bus_id in row
+    assert "81559MiB" in out and "No running processes found" in out
+    assert "What the plugin injected" in out and "/dev/nvidia7" in out
+    assert "[7/7] teardown: ok" in err
+
+
+def test_interrupt_midway_tears_everything_down() -> None:
+    proc = mokka("--containerd", "2.1")
+    assert proc.stderr is not None
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "[5/7]" not in seen and time.monotonic() < deadline:  # containerd is up, the plugin starting
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen += line
+    assert "[5/7]" in seen, seen
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, seen + err
+    assert "torn down" in err
+
+
+def test_refuses_when_the_directory_is_in_use() -> None:
+    BASE.mkdir(parents=True)
+    (BASE / "something").write_text("x")
+    try:
+        proc = mokka()
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1 and "mokka demo --stop" in err
+        assert (BASE / "something").exists()  # nothing of the user's touched
+    finally:
+        (BASE / "something").unlink()
+        BASE.rmdir()
+
+
+def test_refuses_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demo.os, "geteuid", lambda: 1000)
+    with pytest.raises(demo.DemoError, match="needs root"):
+        demo.run(demo.Options())
+    assert not BASE.exists()
