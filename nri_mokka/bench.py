@@ -140,16 +140,14 @@ def _percentile(values: list[float], q: float) -> float:
 def nri(version: str, rounds: int, per_round: int, restarts: int) -> None:
     """CRI CreateContainer with and without the plugin (interleaved rounds), the plugin's CPU
     time, handling p99 and RSS, and its re-registration time after containerd restarts."""
-    import json
     import shutil
-    import socket
-    import urllib.request
 
     import psutil
 
     from hostsetup import node
 
     from . import sandbox
+    from .plugin_process import PluginProcess
     from .profile import load
 
     shm = Path("/dev/shm")
@@ -162,39 +160,6 @@ def nri(version: str, rounds: int, per_round: int, restarts: int) -> None:
             rootfs = sandbox.make_rootfs(tmp / "rootfs")
             box.import_image(sandbox.oci_archive(rootfs, tmp / "img.tar", sandbox.WORKLOAD_IMAGE))
             pod = box.run_pod("bench")
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-
-            def health() -> dict[str, object]:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as res:
-                        return dict(json.loads(res.read()))
-                except OSError:
-                    return {}
-
-            def start_plugin() -> subprocess.Popen[bytes]:
-                before = int(str(health().get("registrations", 0) or 0))
-                proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "nri_mokka.cli",
-                        "nri-plugin",
-                        "--socket",
-                        str(box.nri_socket),
-                        "--root",
-                        str(root),
-                        "--health-addr",
-                        f"127.0.0.1:{port}",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                deadline = time.monotonic() + 15
-                while int(str(health().get("registrations", 0) or 0)) <= before and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                return proc
 
             def creates(n: int) -> list[float]:
                 out = []
@@ -204,6 +169,11 @@ def nri(version: str, rounds: int, per_round: int, restarts: int) -> None:
                     out.append(time.perf_counter() - t)
                     box.remove_container(cid)
                 return out
+
+            def start_plugin() -> PluginProcess:
+                plugin = PluginProcess(box.nri_socket, root)
+                plugin.wait_registered()
+                return plugin
 
             with_plugin: list[float] = []
             without: list[float] = []
@@ -218,27 +188,24 @@ def nri(version: str, rounds: int, per_round: int, restarts: int) -> None:
                 with_plugin += creates(per_round)
                 cpu += sum(ps.cpu_times()[:2]) - before
                 rss = max(rss, ps.memory_info().rss / 2**20)
-                round_stats = health().get("handling_ms")
+                round_stats = proc.status()[1].get("handling_ms")
                 if isinstance(round_stats, dict):
                     handling.append(round_stats)
-                proc.terminate()
-                proc.wait()
+                proc.stop()
                 without += creates(per_round)
                 proc = start_plugin()
                 ps = psutil.Process(proc.pid)
             reregister = []
             for i in range(restarts):
-                regs = int(str(health().get("registrations", 0)))
+                regs = proc.registrations()
                 box.restart()
-                while int(str(health().get("registrations", 0) or 0)) <= regs:
-                    time.sleep(0.005)
+                proc.wait_registered(regs + 1)
                 reregister.append(time.monotonic() - box.started_at)
                 print(
                     f"restart {i + 1}/{restarts}: re-registered {reregister[-1]:.3f} s after containerd started",
                     flush=True,
                 )
-            proc.terminate()
-            proc.wait()
+            proc.stop()
             box.remove_pod(pod)
         ms = 1000.0
         print(

@@ -9,16 +9,13 @@ end — also on Ctrl-C or failure — unless ``--keep``; the binaries it needs a
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +24,7 @@ from typing import TypeVar
 import click
 
 from . import containerd_dist, debcache, edits, nvidia_smi, sandbox
+from .plugin_process import PluginProcess
 
 T = TypeVar("T")
 DEFAULT_BASE = Path("/run/mokka-demo")
@@ -143,20 +141,6 @@ def _machine_containerd() -> tuple[Path, str] | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _registered(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as res:
-            return bool(json.loads(res.read()).get("registered"))
-    except OSError:
-        return False
-
-
 def run(opts: Options) -> int:
     """Run the demo; return the container's exit status."""
     from hostsetup import node
@@ -170,7 +154,7 @@ def run(opts: Options) -> int:
     check_prerequisites(opts.base)
     progress = Progress(total=7)
     base = opts.base
-    plugin_proc: subprocess.Popen[bytes] | None = None
+    plugin: PluginProcess | None = None
     box: sandbox.Sandbox | None = None
     node_root = base / "node"
     staged = False
@@ -210,30 +194,12 @@ def run(opts: Options) -> int:
             box.import_image(image)
             note(f"containerd {box.server_version}, socket {box.address}")
         with progress.step("NRI plugin (mokka nri-plugin)") as note:
-            port = _free_port()
             log_path = base / "plugin.log"
-            plugin_proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "nri_mokka.cli",
-                    "nri-plugin",
-                    "--socket",
-                    str(box.nri_socket),
-                    "--root",
-                    str(node_root),
-                    "--health-addr",
-                    f"127.0.0.1:{port}",
-                ],
-                stdout=log_path.open("ab"),
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            deadline = time.monotonic() + 15
-            while not _registered(port):
-                if plugin_proc.poll() is not None or time.monotonic() > deadline:
-                    raise DemoError(f"the NRI plugin did not register:\n{log_path.read_text()[-2000:]}")
-                time.sleep(0.02)
+            plugin = PluginProcess(box.nri_socket, node_root, log_path.open("ab"))
+            try:
+                plugin.wait_registered()
+            except (RuntimeError, TimeoutError) as exc:
+                raise DemoError(f"{exc}:\n{log_path.read_text()[-2000:]}") from None
             note(f"registered; log {log_path}")
         with progress.step("pod and container through CRI: nvidia-smi") as note:
             pod = box.run_pod("mokka-demo")
@@ -254,30 +220,23 @@ def run(opts: Options) -> int:
                 note(f"stop it with `mokka demo --stop`; crictl config {box.base / 'crictl.yaml'}")
             else:
                 done = True
-                teardown(base, box, plugin_proc, node_root if staged else None)
+                teardown(base, box, plugin, node_root if staged else None)
                 note("processes, mounts, cgroups and files removed")
         return result.exit_code
     finally:
         signal.signal(signal.SIGTERM, previous)
         if not opts.keep and not done:
-            teardown(base, box, plugin_proc, node_root if staged else None)
+            teardown(base, box, plugin, node_root if staged else None)
 
 
-def teardown(
-    base: Path, box: sandbox.Sandbox | None, plugin_proc: subprocess.Popen[bytes] | None, node_root: Path | None
-) -> None:
+def teardown(base: Path, box: sandbox.Sandbox | None, plugin: PluginProcess | None, node_root: Path | None) -> None:
     """Stop everything the demo started and remove every file it made outside the cache."""
     from hostsetup import node
 
     problems = []
-    if plugin_proc is not None and plugin_proc.poll() is None:
-        plugin_proc.terminate()
-        try:
-            plugin_proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            plugin_proc.kill()
-            plugin_proc.wait()
-    _stop_plugins(base)  # one started just as Ctrl-C arrived is not in plugin_proc yet
+    if plugin is not None:
+        plugin.stop()
+    _stop_plugins(base)  # one started just as Ctrl-C arrived is not in `plugin` yet
     if box is not None:
         try:
             box.stop()

@@ -506,15 +506,7 @@ class Sandbox:
         self.verify_config()
         log.info("starting containerd %s under %s", self.version, self.base)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_file.open("ab") as out:
-            self._proc = subprocess.Popen(
-                [str(self.bindir / "containerd"), "--config", str(self.config_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.started_at = time.monotonic()
+        self._spawn()
         self._wait_ready()
         self.server_version = self.ctr("version").stdout.split("Server:", 1)[-1].split()[1]
         (self.base / "crictl.yaml").write_text(
@@ -529,15 +521,8 @@ class Sandbox:
         self._wait_cri()
         log.info("containerd %s ready at %s in %.2fs", self.server_version, self.address, time.monotonic() - t0)
 
-    def restart(self) -> None:
-        """Stop containerd (SIGTERM, as systemd does) and start it again on the same state."""
-        assert self._proc is not None and self.bindir is not None
-        self._proc.terminate()
-        try:
-            self._proc.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+    def _spawn(self) -> None:
+        assert self.bindir is not None
         with self.log_file.open("ab") as out:
             self._proc = subprocess.Popen(
                 [str(self.bindir / "containerd"), "--config", str(self.config_path)],
@@ -547,6 +532,17 @@ class Sandbox:
                 start_new_session=True,
             )
         self.started_at = time.monotonic()
+
+    def restart(self) -> None:
+        """Stop containerd (SIGTERM, as systemd does) and start it again on the same state."""
+        assert self._proc is not None and self.bindir is not None
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._spawn()
         self._wait_ready()
         self._wait_cri()
         log.info("containerd %s restarted", self.version)
