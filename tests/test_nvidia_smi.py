@@ -233,3 +233,32 @@ def test_device_nodes_decide_visibility(stage: Callable[..., Staged], smi: Smi, 
         f"GPU 0: {devices[2].spec.name} (UUID: {devices[2].uuid})",
         f"GPU 1: {devices[5].spec.name} (UUID: {devices[5].uuid})",
     ]
+
+
+def test_processes_from_the_profile(smi: Smi, tmp_path: Path) -> None:
+    """Processes a profile declares show in plain mode, -q and --query-compute-apps."""
+    import yaml
+    from conftest import Staged as StagedRoot
+
+    from nri_mokka import driver_root, profile
+
+    data = yaml.safe_load((Path(profile.__file__).parent / "profiles" / "h100.yaml").read_text())
+    data["name"] = "busy"
+    data["gpu_count"] = 2
+    data["gpus"] = {
+        1: {
+            "processes": [
+                {"pid": 4242, "name": "python3", "used_memory_mib": 1024},
+                {"pid": 4343, "name": "Xorg", "used_memory_mib": 64, "type": "G"},
+            ]
+        }
+    }
+    f = tmp_path / "busy.yaml"
+    f.write_text(yaml.safe_dump(data))
+    prof = profile.load(f)
+    staged = StagedRoot(driver_root.stage(prof, tmp_path / "root"), prof)
+    plain = smi_run(staged, smi)
+    assert "4242" in plain and "python3" in plain and "1024MiB" in plain
+    assert "4343" in plain and " G " in plain
+    apps = smi_run(staged, smi, "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader")
+    assert apps.strip().splitlines() == ["4242, python3, 1024 MiB"]
