@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,3 +111,32 @@ def test_stopped_plugin_does_not_block_containers(node_with_plugin: tuple[sandbo
         box.remove_pod(pod)
     finally:
         os.kill(plugin.proc.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_pre_launched_by_containerd(
+    version: str, tmp_path_factory: pytest.TempPathFactory, layout: edits.NodeLayout, workload_image: Path
+) -> None:
+    """containerd starts the plugin itself from its plugin directory (socket on fd 3)."""
+    base = tmp_path_factory.mktemp("pl")
+    shutil.rmtree(base)
+    with sandbox.Sandbox(base, version, nri=True) as box:
+        box.import_image(workload_image)
+        plugins = base / "nri" / "plugins"
+        plugins.mkdir(parents=True, exist_ok=True)
+        script = plugins / "10-mokka"
+        repo = Path(__file__).resolve().parent.parent
+        script.write_text(
+            f"#!/bin/sh\nPYTHONPATH={repo} exec {sys.executable} -m nri_mokka.cli nri-plugin --root {layout.root} "
+            f">>{base}/plugin.log 2>&1\n"
+        )
+        script.chmod(0o755)
+        box.restart()  # containerd launches the plugins of its plugin directory at start
+        log = base / "plugin.log"
+        deadline = time.monotonic() + 15
+        while not (log.exists() and "registered" in log.read_text(errors="replace")):
+            assert time.monotonic() < deadline, "pre-launched plugin did not register"
+            time.sleep(0.05)
+        assert len(smi_lines(run_probe(box))) == 8
+        assert "pre-connected socket fd 3" in (base / "plugin.log").read_text()
+    assert sandbox.leftovers(base) == []
