@@ -39,13 +39,14 @@ def _kv(text: str) -> dict[str, float]:
     return {k: float(v) for k, v in (line.split() for line in text.splitlines() if line.strip())}
 
 
-def timed_child(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one child process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, _, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    return wall, usage.ru_maxrss / 1024
+def timed_child(exe: Path, argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one child, started from the small C bench process:
+    ru_maxrss survives exec, so a child forked from Python would start at Python's size."""
+    res = subprocess.run(
+        [str(exe), "-", "run", *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True
+    )
+    out = _kv(res.stderr)
+    return out["wall_ms"] / 1000, out["maxrss_kb"] / 1024
 
 
 def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None:
@@ -89,26 +90,31 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
             return
         empty = Path(tmp) / "nolib"
         empty.mkdir()
-        with_mock = [
-            timed_child([str(smi_path), "-q", "-x"], {**env, "LD_LIBRARY_PATH": str(root.libdir)})
-            for _ in range(rounds)
-        ]
-        bare = [timed_child([str(smi_path), "-q", "-x"], {**env, "LD_LIBRARY_PATH": str(empty)}) for _ in range(rounds)]
-        wall_mock = statistics.median(w for w, _ in with_mock) * 1000
-        wall_bare = statistics.median(w for w, _ in bare) * 1000
-        rss_mock = statistics.median(r for _, r in with_mock)
-        rss_bare = statistics.median(r for _, r in bare)
-        print(f"nvidia-smi -q -x ({smi_path.parent.parent.parent.parent.parent.name or smi_path}), median of {rounds}:")
-        print(f"{'':<24}{'with mock':>12}{'no library':>12}{'ratio':>9}{'overhead':>10}")
-        print(
-            f"{'wall time (ms)':<24}{wall_mock:>12.2f}{wall_bare:>12.2f}{wall_mock / wall_bare:>9.2f}"
-            f"{wall_mock - wall_bare:>10.2f}"
-        )
-        print(
-            f"{'peak RSS (MiB)':<24}{rss_mock:>12.2f}{rss_bare:>12.2f}{rss_mock / rss_bare:>9.2f}"
-            f"{rss_mock - rss_bare:>10.2f}"
-        )
+        for mode in (["-q", "-x"], ["-L"]):
+            smi_rows(exe, smi_path, mode, env, root.libdir, empty, rounds)
         print(f"target: peak RSS overhead <= {TARGETS['rss_overhead_mb']} MB")
+
+
+def smi_rows(
+    exe: Path, smi: Path, mode: list[str], env: dict[str, str], libdir: Path, empty: Path, rounds: int
+) -> None:
+    """nvidia-smi ``mode`` with the mock against nvidia-smi with no NVML library at all."""
+    with_mock = [timed_child(exe, [str(smi), *mode], {**env, "LD_LIBRARY_PATH": str(libdir)}) for _ in range(rounds)]
+    bare = [timed_child(exe, [str(smi), *mode], {**env, "LD_LIBRARY_PATH": str(empty)}) for _ in range(rounds)]
+    wall_mock = statistics.median(w for w, _ in with_mock) * 1000
+    wall_bare = statistics.median(w for w, _ in bare) * 1000
+    rss_mock = statistics.median(r for _, r in with_mock)
+    rss_bare = statistics.median(r for _, r in bare)
+    print(f"nvidia-smi {' '.join(mode)}, median of {rounds}:")
+    print(f"{'':<24}{'with mock':>12}{'no library':>12}{'ratio':>9}{'overhead':>10}")
+    print(
+        f"{'wall time (ms)':<24}{wall_mock:>12.2f}{wall_bare:>12.2f}{wall_mock / wall_bare:>9.2f}"
+        f"{wall_mock - wall_bare:>10.2f}"
+    )
+    print(
+        f"{'peak RSS (MiB)':<24}{rss_mock:>12.2f}{rss_bare:>12.2f}{rss_mock / rss_bare:>9.2f}"
+        f"{rss_mock - rss_bare:>10.2f}"
+    )
 
 
 def host_setup(profile_name: str, rounds: int) -> None:

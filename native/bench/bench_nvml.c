@@ -1,12 +1,19 @@
 /* Micro-benchmark of an NVML library (Mokka's or any other), loaded by path.
  *   bench_nvml LIB init        one fresh-process measurement: dlopen and nvmlInit_v2 times (us)
- *   bench_nvml LIB calls N     ns per call of nvmlDeviceGetPowerUsage and nvmlDeviceGetMemoryInfo */
+ *   bench_nvml LIB calls N     ns per call of nvmlDeviceGetPowerUsage and nvmlDeviceGetMemoryInfo
+ *   bench_nvml - run CMD...    run CMD; print its wall time and peak RSS (on stderr). Measured from this small
+ *                              process, so the child's peak is not inflated by a large parent
+ *                              (ru_maxrss survives exec: a child forked from Python starts at
+ *                              Python's size). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int (*init_fn)(void);
 typedef int (*count_fn)(unsigned *);
@@ -34,6 +41,20 @@ int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s LIB init | LIB calls N\n", argv[0]);
         return 2;
+    }
+    if (!strcmp(argv[2], "run")) {
+        double start = now_ns();
+        pid_t pid = fork();
+        if (pid == 0) {
+            execvp(argv[3], argv + 3);
+            _exit(127);
+        }
+        int status;
+        struct rusage usage;
+        if (pid < 0 || wait4(pid, &status, 0, &usage) < 0) return 2;
+        fprintf(stderr, "wall_ms %.3f\nmaxrss_kb %ld\nexit %d\n", (now_ns() - start) / 1e6, usage.ru_maxrss,
+               WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+        return 0;
     }
     double t0 = now_ns();
     void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
