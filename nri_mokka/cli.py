@@ -500,6 +500,12 @@ def demo_cmd(profile_name: str, gpus: int, version: str | None, keep: bool, stop
     "annotated mokka.io/inject=true.",
 )
 @click.option("--exclude-namespace", "exclude", multiple=True, default=["kube-system"], show_default=True)
+@click.option(
+    "--cdi-devices",
+    is_flag=True,
+    help="Hand GPUs over as CDI device references (containerd >= 2.1, with a spec from `mokka cdi generate`); "
+    "older runtimes get device nodes as usual.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging (wire-level).")
 def nri_plugin(
     socket_path: str,
@@ -509,13 +515,14 @@ def nri_plugin(
     health_addr: str | None,
     mode: str,
     exclude: tuple[str, ...],
+    cdi_devices: bool,
     verbose: bool,
 ) -> None:
     """Run the NRI plugin: containers gain the node's mock GPUs at creation.
 
     Logs one line per decision (container, pod, what was injected and why). Reconnects
     with backoff whenever containerd restarts or its socket is absent. A plugin config
-    string from containerd (YAML: mode, excludeNamespaces) overrides the flags.
+    string from containerd (YAML: mode, excludeNamespaces, cdiDevices) overrides the flags.
     """
     import asyncio
     import logging
@@ -525,7 +532,11 @@ def nri_plugin(
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    config = decision.Config(mode=mode, exclude_namespaces=frozenset(exclude))  # type: ignore[arg-type]
+    config = decision.Config(
+        mode=mode,  # type: ignore[arg-type]  # click.Choice guarantees the literal
+        exclude_namespaces=frozenset(exclude),
+        cdi_devices=cdi_devices,
+    )
     try:
         asyncio.run(plugin.serve(root, socket_path, name, idx, health_addr, config))
     except ValueError as exc:

@@ -25,11 +25,12 @@ class Config:
     mode: Literal["all", "opt-in"] = "all"
     exclude_namespaces: frozenset[str] = frozenset({"kube-system"})
     cdi_kind: str = "nvidia.com/gpu"
+    cdi_devices: bool = False  # hand GPUs over as CDI device references (runtimes with NRI >= 0.7)
 
     @classmethod
     def parse(cls, data: Mapping[str, object]) -> Config:
         """From the plugin's config string (YAML/JSON mapping); unknown keys are an error."""
-        known = {"mode", "excludeNamespaces", "cdiKind"}
+        known = {"mode", "excludeNamespaces", "cdiKind", "cdiDevices"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(
@@ -44,7 +45,10 @@ class Config:
         kind = data.get("cdiKind", "nvidia.com/gpu")
         if not isinstance(kind, str):
             raise ValueError("cdiKind must be a string")
-        return cls(mode=mode, exclude_namespaces=frozenset(namespaces), cdi_kind=kind)
+        cdi_devices = data.get("cdiDevices", False)
+        if not isinstance(cdi_devices, bool):
+            raise ValueError("cdiDevices must be true or false")
+        return cls(mode=mode, exclude_namespaces=frozenset(namespaces), cdi_kind=kind, cdi_devices=cdi_devices)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,9 @@ class Decision:
     gpus: tuple[GpuNode, ...] = ()
     edits: ContainerEdits | None = None
     error: str | None = None
+    # The same GPUs as CDI device names, when the config asks for references and the plugin
+    # supplies the device nodes itself (the runtime then injects the spec's edits instead).
+    cdi_devices: tuple[str, ...] = ()
 
     def summary(self, c: Container) -> str:
         who = f"{c.pod_namespace}/{c.pod_name}/{c.name}"
@@ -158,9 +165,13 @@ def decide(c: Container, layout: NodeLayout, config: Config) -> Decision:
                 error=f"{ANNOTATION_GPUS} names GPU {exc.args[0]!r}, which this node does not "
                 f"have ({len(layout.gpus)} mock GPUs)",
             )
-        return Decision(f"{ANNOTATION_GPUS}={wanted}", gpus, container_edits(layout, gpus))
-    gpus = tuple(layout.gpus)
-    return Decision("all GPUs of the node", gpus, container_edits(layout, gpus))
+        return _with_nodes(f"{ANNOTATION_GPUS}={wanted}", gpus, layout, config)
+    return _with_nodes("all GPUs of the node", tuple(layout.gpus), layout, config)
+
+
+def _with_nodes(reason: str, gpus: tuple[GpuNode, ...], layout: NodeLayout, config: Config) -> Decision:
+    names = tuple(f"{config.cdi_kind}={g.index}" for g in gpus) if config.cdi_devices else ()
+    return Decision(reason, gpus, container_edits(layout, gpus), cdi_devices=names)
 
 
 def _keep_env(edits: ContainerEdits, name: str) -> ContainerEdits:

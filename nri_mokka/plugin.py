@@ -75,6 +75,29 @@ def _render(edits: ContainerEdits, preload: str) -> ContainerAdjustment:
     return adjust
 
 
+def render_cdi(names: tuple[str, ...]) -> ContainerAdjustment:
+    """GPUs as CDI device references: the runtime resolves them against the CDI spec
+    (`mokka cdi generate`), which carries the same edits."""
+    return _render_cdi(names)
+
+
+@functools.lru_cache(maxsize=256)
+def _render_cdi(names: tuple[str, ...]) -> ContainerAdjustment:
+    return ContainerAdjustment(cdi_devices=[api.CdiDevice(name=n) for n in names])
+
+
+def runtime_takes_cdi(runtime_name: str, runtime_version: str) -> bool:
+    """containerd 2.1 and later apply NRI's CDI device references (NRI >= 0.7); older
+    runtimes would silently drop them."""
+    if runtime_name != "containerd":
+        return False
+    parts = runtime_version.lstrip("v").split("+")[0].split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= (2, 1)
+    except (ValueError, IndexError):
+        return False
+
+
 class MokkaPlugin:
     """Subscribes to CreateContainer only; reads the node layout host setup wrote."""
 
@@ -85,6 +108,7 @@ class MokkaPlugin:
         self.decisions = 0
         self.handling_seconds = 0.0
         self.recent: deque[float] = deque(maxlen=1000)  # seconds per CreateContainer, newest last
+        self.runtime_cdi = False  # whether the runtime applies CDI device references
         self.load_layout()
         self.warm_up()
 
@@ -119,6 +143,7 @@ class MokkaPlugin:
 
     async def configure(self, config: str, runtime_name: str, runtime_version: str) -> None:
         log.info("configured by %s %s", runtime_name, runtime_version)
+        self.runtime_cdi = runtime_takes_cdi(runtime_name, runtime_version)
         if config.strip():
             try:
                 data = yaml.safe_load(config) or {}
@@ -141,7 +166,11 @@ class MokkaPlugin:
             log.info("%s", d.summary(c))
             if d.error:
                 raise PluginError(f"mokka: {d.error}")
-            return render(d.edits, c.env) if d.edits is not None else None
+            if d.edits is None:
+                return None
+            if d.cdi_devices and self.runtime_cdi:
+                return render_cdi(d.cdi_devices)
+            return render(d.edits, c.env)
         except PluginError:
             raise
         except Exception:  # fail open: a bug here must never block a container

@@ -24,7 +24,9 @@ def free_port() -> int:
 
 
 class PluginProcess:
-    def __init__(self, nri_socket: Path, root: Path, log: IO[bytes] | int = subprocess.DEVNULL) -> None:
+    def __init__(
+        self, nri_socket: Path, root: Path, log: IO[bytes] | int = subprocess.DEVNULL, args: tuple[str, ...] = ()
+    ) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
             [
@@ -38,6 +40,7 @@ class PluginProcess:
                 str(root),
                 "--health-addr",
                 f"127.0.0.1:{self.port}",
+                *args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

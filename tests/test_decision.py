@@ -128,3 +128,13 @@ def test_summary_names_the_container(layout: edits.NodeLayout) -> None:
     c = ctr(pod_annotations={"mokka.io/gpus": "0"})
     line = decide(c, layout, Config()).summary(c)
     assert line.startswith("default/pod/app: GPUs 0") and "device nodes" in line
+
+
+def test_cdi_device_references(layout: edits.NodeLayout) -> None:
+    cfg = Config(cdi_devices=True)
+    d = decide(ctr(pod_annotations={"mokka.io/gpus": "1,3"}), layout, cfg)
+    assert d.cdi_devices == ("nvidia.com/gpu=1", "nvidia.com/gpu=3")
+    # a container's own allocation is never turned into references
+    assert decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "2"}), layout, cfg).cdi_devices == ()
+    assert decide(ctr(), layout, Config()).cdi_devices == ()
+    assert Config.parse({"cdiDevices": True}).cdi_devices is True

@@ -140,3 +140,36 @@ def test_pre_launched_by_containerd(
         assert len(smi_lines(run_probe(box))) == 8
         assert "pre-connected socket fd 3" in (base / "plugin.log").read_text()
     assert sandbox.leftovers(base) == []
+
+
+def test_cdi_device_references_on_containerd_2_1(
+    tmp_path_factory: pytest.TempPathFactory, layout: edits.NodeLayout, workload_image: Path
+) -> None:
+    """With --cdi-devices, containerd 2.1 resolves the plugin's CDI references against the
+    spec `mokka cdi generate` wrote: the container sees exactly the GPUs asked for."""
+    import cdi
+
+    base = tmp_path_factory.mktemp("cr")
+    shutil.rmtree(base)
+    spec_dir = tmp_path_factory.mktemp("cdi")
+    cdi.write(cdi.render(layout), spec_dir)
+    logs = tmp_path_factory.mktemp("logs")
+    with sandbox.Sandbox(base, "2.1", nri=True, cdi_dirs=[spec_dir]) as box:
+        box.import_image(workload_image)
+        plugin = PluginProcess(
+            box.nri_socket, Path(layout.root), (logs / "plugin.log").open("ab"), args=("--cdi-devices",)
+        )
+        try:
+            plugin.wait_registered()
+            out = run_probe(box, pod_annotations={"mokka.io/gpus": "1,3"})
+        finally:
+            plugin.stop()
+    d = profile.load(PROFILE).devices()
+    assert smi_lines(out) == [
+        f"GPU 0: {d[1].spec.name} (UUID: {d[1].uuid})",
+        f"GPU 1: {d[3].spec.name} (UUID: {d[3].uuid})",
+    ], out
+    nodes = device_nodes(sections(out)["dev"])
+    assert {"nvidia1", "nvidia3", "nvidiactl"} <= set(nodes) and "nvidia0" not in nodes
+    assert "MOKKA_STATE=/run/mokka/state.bin" in sections(out)["env"]  # from the spec's edits
+    assert sandbox.leftovers(base) == []

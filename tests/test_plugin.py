@@ -118,3 +118,18 @@ def test_health_endpoints(root: Path) -> None:
     assert h_code == 200 and h_body["layout"] is True
     assert r_code == 503  # not registered with any runtime yet
     assert n_code == 404
+
+
+def test_cdi_references_only_where_the_runtime_applies_them(root: Path) -> None:
+    assert plugin.runtime_takes_cdi("containerd", "v2.1.9")
+    assert plugin.runtime_takes_cdi("containerd", "2.2.0+unknown")
+    assert not plugin.runtime_takes_cdi("containerd", "v1.7.24")
+    assert not plugin.runtime_takes_cdi("cri-o", "1.33.0")
+    p = plugin.MokkaPlugin(root, plugin.decision.Config(cdi_devices=True))
+    asyncio.run(p.configure("", "containerd", "v1.7.24"))
+    adj = create(p, pod(annotations={"mokka.io/gpus": "2"}), container())
+    assert adj is not None and [d.path for d in adj.linux.devices][:1] == ["/dev/nvidia2"] and not adj.cdi_devices
+    asyncio.run(p.configure("", "containerd", "v2.1.9"))
+    adj = create(p, pod(annotations={"mokka.io/gpus": "2"}), container())
+    assert adj is not None and [c.name for c in adj.cdi_devices] == ["nvidia.com/gpu=2"]
+    assert not adj.mounts and not adj.env  # the CDI spec carries those

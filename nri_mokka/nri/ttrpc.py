@@ -313,8 +313,13 @@ class Server:
             await self._reply(msg.stream_id, Code.INVALID_ARGUMENT, f"unmarshal request error: {exc}")
             return
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("ttrpc server: stream %d: %s/%s, %d bytes", msg.stream_id, request.service, request.method,
-                      len(request.payload))
+            log.debug(
+                "ttrpc server: stream %d: %s/%s, %d bytes",
+                msg.stream_id,
+                request.service,
+                request.method,
+                len(request.payload),
+            )
         handler = self._handlers.get((request.service, request.method))
         if handler is None:
             what = f"method {request.method}" if request.service in self._services else f"service {request.service}"

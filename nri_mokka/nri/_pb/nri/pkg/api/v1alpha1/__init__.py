@@ -152,6 +152,12 @@ class ContainerAdjustment(betterproto.Message):
     mounts: List["Mount"] = betterproto.message_field(3)
     env: List["KeyValue"] = betterproto.message_field(4)
     linux: "LinuxContainerAdjustment" = betterproto.message_field(6)
+    cdi_devices: List["CdiDevice"] = betterproto.message_field(8)
+
+
+@dataclass(eq=False, repr=False)
+class CdiDevice(betterproto.Message):
+    name: str = betterproto.string_field(1)
 
 
 @dataclass(eq=False, repr=False)
