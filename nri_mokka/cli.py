@@ -47,8 +47,10 @@ GPUS_OPTION = click.option(
 def main() -> None:
     """Make a CPU-only Linux node look like an NVIDIA GPU node.
 
-    Profiles describe the GPUs; `driver-root` stages a mock libnvidia-ml.so.1 that the
-    real nvidia-smi and every NVML binding read.
+    Start with `mokka demo` (root): an unmodified container runs nvidia-smi and sees mock
+    GPUs. Profiles describe the GPUs; `driver-root` stages the mock libnvidia-ml.so.1 for
+    local use; `host setup`, `cdi generate`, `containerd-config install` and `nri-plugin`
+    make a node serve mock GPUs to its containers.
     """
 
 

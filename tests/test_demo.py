@@ -101,3 +101,14 @@ def test_refuses_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(demo.DemoError, match="needs root"):
         demo.run(demo.Options())
     assert not BASE.exists()
+
+
+def test_keep_then_stop() -> None:
+    proc = mokka("--containerd", "2.1", "--gpus", "2", "--keep")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "kept running" in err and (BASE / "sb" / "containerd.sock").exists()
+    stop = subprocess.run(
+        [sys.executable, "-m", "nri_mokka.cli", "demo", "--stop"], capture_output=True, text=True, timeout=120
+    )
+    assert stop.returncode == 0 and "nothing left behind" in stop.stdout, stop.stderr
