@@ -105,7 +105,7 @@ def test_refuses_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_keep_then_stop() -> None:
     proc = mokka("--containerd", "2.1", "--gpus", "2", "--keep")
-    out, err = proc.communicate(timeout=300)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert "kept running" in err and (BASE / "sb" / "containerd.sock").exists()
     stop = subprocess.run(
