@@ -87,9 +87,9 @@ def test_nri_and_cdi_patches(containerd: str) -> None:
     cri = merged["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["enable_cdi"] is True
     # `mokka cdi generate` writes to /var/run/cdi by default.
-    from nri_mokka import cli
+    from nri_mokka.cli import node as cli_node
 
-    default_output = next(p.default for p in cli.cdi_generate.params if p.name == "out_dir")
+    default_output = next(p.default for p in cli_node.cdi_generate.params if p.name == "out_dir")
     assert str(default_output) in cri["cdi_spec_dirs"]
     assert cri["sandbox_image"] == "pause", "a patch must merge into kind's CRI table, not replace it"
 

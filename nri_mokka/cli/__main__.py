@@ -1,0 +1,5 @@
+"""`python -m nri_mokka.cli`."""
+
+from . import main
+
+main()

@@ -1,0 +1,53 @@
+"""`mokka bench ...`: figures side by side with their targets."""
+
+from __future__ import annotations
+
+import click
+
+from . import GPUS_OPTION, load_profile, main
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks: print figures side by side with their targets (tests never time anything)."""
+
+
+@bench.command("nvml")
+@click.option("--profile", "profile_name", default="h100", show_default=True)
+@GPUS_OPTION
+@click.option(
+    "--nvidia-smi",
+    "smi",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="nvidia-smi binary to time (default: search the cache and PATH).",
+)
+@click.option("--calls", default=1_000_000, show_default=True, help="Calls per getter.")
+def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int) -> None:
+    """The mock library: ns per call, nvmlInit time, nvidia-smi wall time and RSS, size."""
+    from .. import bench as benchmarks
+
+    p = load_profile(profile_name, gpus if gpus is not None else 8)
+    benchmarks.run(p, smi, calls)
+
+
+@bench.command("nri")
+@click.option("--containerd", "version", type=click.Choice(["1.7", "2.1"]), default="2.1", show_default=True)
+@click.option("--rounds", default=3, show_default=True, help="Interleaved rounds (with / without the plugin).")
+@click.option("--creates", default=100, show_default=True, help="CreateContainer calls per round and side.")
+@click.option("--restarts", default=10, show_default=True, help="containerd restarts to time re-registration.")
+def bench_nri(version: str, rounds: int, creates: int, restarts: int) -> None:
+    """The NRI plugin on a private containerd (root): CreateContainer cost, CPU, RSS, re-registration."""
+    from .. import bench as benchmarks
+
+    benchmarks.nri(version, rounds, creates, restarts)
+
+
+@bench.command("host-setup")
+@click.option("--profile", "profile_name", default="h100", show_default=True)
+@click.option("--rounds", default=5, show_default=True)
+def bench_host_setup(profile_name: str, rounds: int) -> None:
+    """`mokka host setup` wall time for 8 and 64 GPUs (fresh root each round, then cleanup)."""
+    from .. import bench as benchmarks
+
+    benchmarks.host_setup(profile_name, rounds)

@@ -1,0 +1,244 @@
+"""`mokka host ...`, `mokka containerd-config ...` and `mokka cdi generate`: a node that serves mock GPUs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from . import GPUS_OPTION, fail, load_profile, main
+
+
+@main.group()
+def host() -> None:
+    """Stage a mock NVIDIA node (driver root, /dev, /proc, /sys) and remove it again."""
+
+
+@host.command("setup")
+@click.option("--profile", "profile_name", required=True, help="Built-in profile name or a profile YAML file.")
+@GPUS_OPTION
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/lib/mokka"),
+    show_default=True,
+    help="Directory that holds everything staged.",
+)
+@click.option(
+    "--nvidia-smi",
+    "smi",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="An nvidia-smi binary to stage as ROOT/driver/usr/bin/nvidia-smi (mounted into containers).",
+)
+@click.option(
+    "--majors",
+    type=click.Choice(["auto", "real", "safe"]),
+    default="auto",
+    show_default=True,
+    help="Device numbers: real (195, as the NVIDIA driver), safe (120/121, Linux's local-use range), "
+    "auto (safe when a real NVIDIA driver is loaded, else real).",
+)
+@click.option(
+    "--run-nvidia",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also create RUN_NVIDIA/driver -> ROOT/driver (GPU Operator components look at /run/nvidia).",
+)
+@click.option("--toolkit-ready", is_flag=True, help="Also create RUN_NVIDIA/validations/toolkit-ready.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+def host_setup(
+    profile_name: str,
+    gpus: int | None,
+    root: Path,
+    smi: Path | None,
+    majors: str,
+    run_nvidia: Path | None,
+    toolkit_ready: bool,
+    dry_run: bool,
+) -> None:
+    """Stage the mock node under ROOT. Idempotent; `mokka host cleanup` undoes it byte for byte."""
+    import time
+
+    from hostsetup import node
+
+    if toolkit_ready and run_nvidia is None:
+        fail("--toolkit-ready needs --run-nvidia (e.g. --run-nvidia /run/nvidia)")
+    p = load_profile(profile_name, gpus)
+    options = node.Options(root=root, nvidia_smi=smi, majors=majors, run_nvidia=run_nvidia, toolkit_ready=toolkit_ready)
+    try:
+        plan = node.plan(p, options)
+    except node.SetupError as exc:
+        fail(str(exc))
+    click.echo(plan.describe())
+    if dry_run:
+        click.echo("dry run: nothing changed")
+        return
+    start = time.perf_counter()
+    try:
+        node.apply(plan, progress=lambda line: click.echo(line, err=True))
+    except node.SetupError as exc:
+        fail(str(exc))
+    click.echo(f"done in {time.perf_counter() - start:.2f} s; undo with: mokka host cleanup --root {root}")
+
+
+@host.command("cleanup")
+@click.option(
+    "--root", type=click.Path(file_okay=False, path_type=Path), default=Path("/var/lib/mokka"), show_default=True
+)
+def host_cleanup(root: Path) -> None:
+    """Undo everything `mokka host setup` did under ROOT (and its /run/nvidia links)."""
+    from hostsetup import journal, node
+
+    try:
+        done = node.cleanup(root)
+    except journal.JournalError as exc:
+        fail(str(exc))
+    for line in done:
+        click.echo(line)
+    click.echo(f"{root}: nothing to clean up" if not done else f"{root}: restored ({len(done)} changes undone)")
+
+
+@main.group("containerd-config")
+def containerd_config() -> None:
+    """Enable NRI and CDI in containerd and register the `nvidia` runtime handler (and undo it)."""
+
+
+CONFIG_OPTION = click.option(
+    "--config",
+    "config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("/etc/containerd/config.toml"),
+    show_default=True,
+    help="containerd's main config file.",
+)
+
+
+@containerd_config.command("install")
+@CONFIG_OPTION
+@click.option(
+    "--containerd",
+    "containerd_bin",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="containerd binary to ask for its version (default: containerd on PATH).",
+)
+@click.option("--containerd-version", type=str, default=None, help="Assume this version (e.g. 1.7, 2.1).")
+@click.option(
+    "--runtime",
+    type=str,
+    default=None,
+    help="BinaryName of the nvidia handler (default: nvidia-container-runtime if present, else runc).",
+)
+@click.option("--dry-run", is_flag=True, help="Show the diff and change nothing.")
+@click.option("--no-restart", is_flag=True, help="Do not restart containerd afterwards.")
+def containerd_install(
+    config: Path,
+    containerd_bin: Path | None,
+    containerd_version: str | None,
+    runtime: str | None,
+    dry_run: bool,
+    no_restart: bool,
+) -> None:
+    """Install (idempotent; prefers a conf.d drop-in where containerd merges it safely)."""
+    from hostsetup import containerd_config as cc
+
+    try:
+        plan = cc.plan(config, containerd_version=containerd_version, containerd=containerd_bin, runtime=runtime)
+        click.echo(plan.summary())
+        diff = plan.diff()
+        if diff:
+            click.echo(diff, nl=False)
+        if dry_run or not plan.changes:
+            click.echo("dry run: nothing changed" if dry_run else "already installed: nothing to change")
+            return
+        cc.apply(plan)
+        click.echo(f"installed; undo with: mokka containerd-config remove --config {config}")
+        if not no_restart:
+            click.echo(cc.restart(config))
+    except cc.ConfigError as exc:
+        fail(str(exc))
+
+
+@containerd_config.command("remove")
+@CONFIG_OPTION
+@click.option("--force", is_flag=True, help="Undo Mokka's keys even in files edited since the install.")
+@click.option("--dry-run", is_flag=True, help="Show the diff and change nothing.")
+@click.option("--no-restart", is_flag=True, help="Do not restart containerd afterwards.")
+def containerd_remove(config: Path, force: bool, dry_run: bool, no_restart: bool) -> None:
+    """Restore the configuration as it was before `install` (the original bytes where untouched since)."""
+    from hostsetup import containerd_config as cc
+
+    try:
+        plan = cc.plan_remove(config, force=force)
+        diff = plan.diff()
+        if diff:
+            click.echo(diff, nl=False)
+        if dry_run or not plan.changes:
+            click.echo("dry run: nothing changed" if dry_run else "nothing to remove")
+            return
+        cc.apply(plan)
+        click.echo("removed")
+        if not no_restart:
+            click.echo(cc.restart(config))
+    except cc.ConfigError as exc:
+        fail(str(exc))
+
+
+@main.group()
+def cdi() -> None:
+    """Generate CDI specs for CDI-aware runtimes (containerd, CRI-O, podman)."""
+
+
+@cdi.command("generate")
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/lib/mokka"),
+    show_default=True,
+    help="Root staged by `mokka host setup` (its node.json describes the node).",
+)
+@click.option(
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/run/cdi"),
+    show_default=True,
+    help="Directory for the spec file.",
+)
+@click.option("--kind", default="nvidia.com/gpu", show_default=True, help="CDI kind: VENDOR/CLASS.")
+@click.option(
+    "--validate/--no-validate",
+    default=True,
+    show_default=True,
+    help="Validate against the official CDI JSON schema (fetched from Debian once, then cached).",
+)
+@click.option("--stdout", "to_stdout", is_flag=True, help="Print the spec instead of writing it.")
+def cdi_generate(root: Path, out_dir: Path, kind: str, validate: bool, to_stdout: bool) -> None:
+    """Write the CDI spec: devices by index, by UUID and `all`, edits from the node layout."""
+    import cdi as cdi_pkg
+    from nri_mokka import edits
+
+    try:
+        layout = edits.NodeLayout.load(root)
+    except FileNotFoundError:
+        fail(f"{root}/node.json not found: run `mokka host setup --root {root}` first")
+    try:
+        spec = cdi_pkg.render(layout, kind=kind)
+        if validate:
+            cdi_pkg.validate(spec, cdi_pkg.fetch_schema())
+    except cdi_pkg.CdiError as exc:
+        fail(str(exc))
+    if to_stdout:
+        click.echo(json.dumps(spec, indent=2))
+        return
+    try:
+        path = cdi_pkg.write(spec, out_dir)
+    except cdi_pkg.CdiError as exc:
+        fail(str(exc))
+    names = [d["name"] for d in spec["devices"]]
+    click.echo(
+        f"wrote {path} (cdiVersion {spec['cdiVersion']}, kind {spec['kind']}, {len(names)} devices: "
+        f"{', '.join(names[:3])}, ... all)"
+    )

@@ -1,0 +1,113 @@
+"""`mokka profile ...` and `mokka driver-root`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import yaml
+
+from . import GPUS_OPTION, fail, load_profile, main
+
+
+@main.group()
+def profile() -> None:
+    """List, show and validate GPU profiles."""
+
+
+@profile.command("list")
+def profile_list() -> None:
+    """List the built-in profiles."""
+    from .. import profile as profiles
+
+    rows = []
+    for name in profiles.builtin_names():
+        p = profiles.load(name)
+        rows.append((name, f"{p.gpu_count}x {p.gpu.name}", p.description))
+    width = max(len(r[0]) for r in rows)
+    gwidth = max(len(r[1]) for r in rows)
+    for name, gpus, desc in rows:
+        click.echo(f"{name:<{width}}  {gpus:<{gwidth}}  {desc}")
+
+
+@profile.command("show")
+@click.argument("name_or_file")
+@GPUS_OPTION
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+@click.option("--resolved", is_flag=True, help="Print every GPU with overrides applied and identity filled in.")
+def profile_show(name_or_file: str, gpus: int | None, fmt: str, resolved: bool) -> None:
+    """Print a profile (built-in NAME or a YAML FILE)."""
+    p = load_profile(name_or_file, gpus)
+    data: object = p.model_dump(mode="json", exclude_defaults=False)
+    if resolved:
+        data = {
+            "profile": p.name,
+            "gpus": [
+                {
+                    "index": d.index,
+                    "bus_id": d.bus_id,
+                    "uuid": d.uuid,
+                    "serial": d.serial,
+                    "numa_node": d.numa_node,
+                    "module_id": d.module_id,
+                    **d.spec.model_dump(mode="json"),
+                }
+                for d in p.devices()
+            ],
+        }
+    if fmt == "json":
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
+
+
+@profile.command("validate")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+def profile_validate(files: tuple[str, ...]) -> None:
+    """Validate profile FILES; print each problem with its field path."""
+    from .. import profile as profiles
+    from ..state import StateError
+
+    bad = 0
+    for file in files:
+        try:
+            p = profiles.load(Path(file))
+            from ..state import compile_profile
+
+            compile_profile(p)
+        except (profiles.ProfileError, StateError) as exc:
+            click.echo(str(exc), err=True)
+            bad += 1
+            continue
+        click.echo(f"{file}: ok ({p.gpu_count}x {p.gpu.name})")
+    if bad:
+        sys.exit(1)
+
+
+@main.command("driver-root")
+@click.option("--profile", "profile_name", required=True, help="Built-in profile name or a profile YAML file.")
+@GPUS_OPTION
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Directory to stage.")
+def driver_root_cmd(profile_name: str, gpus: int | None, out: Path) -> None:
+    """Stage a mock driver root: libnvidia-ml.so.<version>, its links and the state.
+
+    Afterwards any NVML consumer run with LD_LIBRARY_PATH=OUT/usr/lib64 sees the
+    profile's GPUs, e.g. `LD_LIBRARY_PATH=OUT/usr/lib64 nvidia-smi`.
+    """
+    from .. import driver_root
+    from ..native import NativeMissing
+    from ..state import StateError
+
+    p = load_profile(profile_name, gpus)
+    try:
+        root = driver_root.stage(p, out)
+    except (StateError, NativeMissing) as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"{out}: {exc.strerror or exc}")
+    click.echo(f"staged {p.gpu_count}x {p.gpu.name} (profile {p.name}, driver {p.driver.version})")
+    click.echo(f"  library: {root.library}")
+    click.echo(f"  state:   {root.state}")
+    click.echo(f"try: LD_LIBRARY_PATH={root.libdir} nvidia-smi")

@@ -1,0 +1,169 @@
+"""`mokka exec`, `mokka demo` and `mokka nri-plugin`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .. import nvidia_smi
+from . import GPUS_OPTION, MAX_GPUS, fail, load_profile, main
+
+
+@main.command("exec", context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
+)
+@GPUS_OPTION
+@click.option(
+    "--smi-version",
+    type=click.Choice(sorted(nvidia_smi.SUITES)),
+    default="550",
+    show_default=True,
+    help="Debian nvidia-smi to use when the command is `nvidia-smi` and none is installed.",
+)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND against a throw-away mock driver root.
+
+    Stages the profile in a temporary directory, points LD_LIBRARY_PATH at it and runs
+    COMMAND. `nvidia-smi` is taken from PATH, else Debian's build is fetched into the
+    cache (~/.cache/mokka). Example: `mokka exec --profile a100 -- nvidia-smi -q`.
+    """
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from .. import driver_root
+
+    p = load_profile(profile_name, gpus)
+    argv = list(command)
+    if argv[0] == "nvidia-smi" and not shutil.which("nvidia-smi"):
+        try:
+            click.echo(f"fetching Debian's nvidia-smi {smi_version} into the cache...", err=True)
+            argv[0] = str(nvidia_smi.fetch(smi_version))
+        except Exception as exc:
+            fail(f"cannot get nvidia-smi {smi_version}: {exc}")
+    with tempfile.TemporaryDirectory(prefix="mokka-exec-") as tmp:
+        root = driver_root.stage(p, Path(tmp))
+        env = dict(os.environ, LD_LIBRARY_PATH=str(root.libdir))
+        try:
+            code = subprocess.run(argv, env=env, check=False).returncode
+        except FileNotFoundError:
+            fail(f"{argv[0]}: command not found", 127)
+    sys.exit(code)
+
+
+@main.command("demo")
+@click.option("--profile", "profile_name", default="h100", show_default=True)
+@click.option("--gpus", type=click.IntRange(1, MAX_GPUS), default=8, show_default=True)
+@click.option(
+    "--containerd",
+    "version",
+    type=click.Choice(["1.7", "2.1"]),
+    default=None,
+    help="Debian's containerd to use (default: the machine's containerd >= 1.7, else 2.1).",
+)
+@click.option("--keep", is_flag=True, help="Leave containerd, the plugin and the pod running.")
+@click.option("--stop", "stop_", is_flag=True, help="Tear down a demo left by --keep (or by a killed run).")
+def demo_cmd(profile_name: str, gpus: int, version: str | None, keep: bool, stop_: bool) -> None:
+    """An unmodified container runs nvidia-smi and sees mock GPUs — no GPU, Kubernetes or Docker.
+
+    Fetches what is missing (containerd, runc, nvidia-smi from Debian; crictl from the Go
+    module proxy) into ~/.cache/mokka, stages a mock node, starts a private containerd with
+    NRI and the Mokka plugin, creates a pod through CRI and prints the container's
+    nvidia-smi. Everything is torn down afterwards (also on Ctrl-C) unless --keep. Needs root.
+    """
+    import logging
+
+    from .. import demo
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if stop_:
+        left = demo.stop()
+        if left:
+            fail("could not remove: " + "; ".join(left))
+        click.echo("demo stopped; nothing left behind")
+        return
+    try:
+        code = demo.run(demo.Options(profile=profile_name, gpus=gpus, containerd=version, keep=keep))
+    except demo.DemoError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: everything the demo started was torn down", err=True)
+        sys.exit(130)
+    sys.exit(code)
+
+
+@main.command("nri-plugin")
+@click.option(
+    "--socket",
+    "socket_path",
+    default="/var/run/nri/nri.sock",
+    show_default=True,
+    help="containerd's NRI socket (ignored when started by containerd: it passes the socket as fd 3).",
+)
+@click.option("--idx", default="10", show_default=True, help="Plugin index: two digits, ordering among plugins.")
+@click.option("--name", default="mokka", show_default=True)
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/lib/mokka"),
+    show_default=True,
+    help="Root staged by `mokka host setup` (read: node.json).",
+)
+@click.option("--health-addr", default=None, help="Serve /healthz and /readyz on HOST:PORT (e.g. :8080).")
+@click.option(
+    "--mode",
+    type=click.Choice(["all", "opt-in"]),
+    default="all",
+    show_default=True,
+    help="all: every container except opted-out pods and excluded namespaces; opt-in: only pods "
+    "annotated mokka.io/inject=true.",
+)
+@click.option("--exclude-namespace", "exclude", multiple=True, default=["kube-system"], show_default=True)
+@click.option(
+    "--cdi-devices",
+    is_flag=True,
+    help="Hand GPUs over as CDI device references (containerd >= 2.1, with a spec from `mokka cdi generate`); "
+    "older runtimes get device nodes as usual.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging (wire-level).")
+def nri_plugin(
+    socket_path: str,
+    idx: str,
+    name: str,
+    root: Path,
+    health_addr: str | None,
+    mode: str,
+    exclude: tuple[str, ...],
+    cdi_devices: bool,
+    verbose: bool,
+) -> None:
+    """Run the NRI plugin: containers gain the node's mock GPUs at creation.
+
+    Logs one line per decision (container, pod, what was injected and why). Reconnects
+    with backoff whenever containerd restarts or its socket is absent. A plugin config
+    string from containerd (YAML: mode, excludeNamespaces, cdiDevices) overrides the flags.
+    """
+    import asyncio
+    import logging
+
+    from .. import decision, plugin
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = decision.Config(
+        mode=mode,  # type: ignore[arg-type]  # click.Choice guarantees the literal
+        exclude_namespaces=frozenset(exclude),
+        cdi_devices=cdi_devices,
+    )
+    try:
+        asyncio.run(plugin.serve(root, socket_path, name, idx, health_addr, config))
+    except ValueError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        pass
