@@ -852,32 +852,36 @@ EXPORT nvmlReturn_t nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t device, nvmlR
 
 /* ---- processes --------------------------------------------------------------------- */
 
+unsigned mokka_processes(const mokka_gpu_t *g, unsigned type, mokka_process_t out[MOKKA_MAX_PROCS]) {
+    mokka_process_t all[MOKKA_MAX_PROCS];
+    unsigned n_all;
+    MOKKA_READ({
+        n_all = g->n_procs < MOKKA_MAX_PROCS ? g->n_procs : MOKKA_MAX_PROCS;
+        memcpy(all, g->procs, sizeof all);
+    });
+    unsigned n = 0;
+    for (unsigned i = 0; i < n_all; i++)
+        if (all[i].type == type) out[n++] = all[i];
+    return n;
+}
+
 static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned type, unsigned int *count, void *infos,
                                    size_t record, int with_ids) {
     GET_GPU(device, g);
     NEED(count);
     mokka_process_t procs[MOKKA_MAX_PROCS];
-    unsigned n_all;
-    MOKKA_READ({
-        n_all = g->n_procs < MOKKA_MAX_PROCS ? g->n_procs : MOKKA_MAX_PROCS;
-        memcpy(procs, g->procs, sizeof procs);
-    });
-    unsigned n = 0;
-    for (unsigned i = 0; i < n_all; i++) n += procs[i].type == type;
+    unsigned n = mokka_processes(g, type, procs);
     if (*count < n || (n && !infos)) {
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    unsigned k = 0;
-    for (unsigned i = 0; i < n_all; i++) {
-        if (procs[i].type != type) continue;
-        char *out = (char *)infos + k++ * record;
+    for (unsigned k = 0; k < n; k++) {
         nvmlProcessInfo_v2_t p;
         memset(&p, 0, sizeof p);
-        p.pid = procs[i].pid;
-        p.usedGpuMemory = procs[i].used_memory;
+        p.pid = procs[k].pid;
+        p.usedGpuMemory = procs[k].used_memory;
         p.gpuInstanceId = p.computeInstanceId = 0xFFFFFFFFu;
-        memcpy(out, &p, with_ids ? record : sizeof(nvmlProcessInfo_v1_t));
+        memcpy((char *)infos + k * record, &p, with_ids ? record : sizeof(nvmlProcessInfo_v1_t));
     }
     *count = n;
     return NVML_SUCCESS;

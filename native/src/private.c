@@ -69,29 +69,21 @@ static nvmlReturn_t processes(nvmlDevice_t device, unsigned type, unsigned int *
     GET_GPU(device, g);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     mokka_process_t procs[MOKKA_MAX_PROCS];
-    unsigned n_all;
-    MOKKA_READ({
-        n_all = g->n_procs < MOKKA_MAX_PROCS ? g->n_procs : MOKKA_MAX_PROCS;
-        memcpy(procs, g->procs, sizeof procs);
-    });
-    unsigned n = 0;
-    for (unsigned i = 0; i < n_all; i++) n += procs[i].type == type;
+    unsigned n = mokka_processes(g, type, procs);
     if (*count < n || (n && !buf)) {
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    unsigned k = 0;
-    for (unsigned i = 0; i < n_all; i++) {
-        if (procs[i].type != type) continue;
-        unsigned char *r = buf + (size_t)k++ * PROC_RECORD;
+    for (unsigned k = 0; k < n; k++) {
+        unsigned char *r = buf + (size_t)k * PROC_RECORD;
         memset(r, 0, PROC_RECORD);
         uint32_t no_instance = 0xFFFFFFFFu;
-        memcpy(r, &procs[i].pid, 4);
-        memcpy(r + 8, &procs[i].used_memory, 8);
+        memcpy(r, &procs[k].pid, 4);
+        memcpy(r + 8, &procs[k].used_memory, 8);
         memcpy(r + 16, &no_instance, 4);
         memcpy(r + 20, &no_instance, 4);
-        size_t len = strnlen(procs[i].name, sizeof procs[i].name);
-        memcpy(r + PROC_NAME_AT, procs[i].name, len); /* record was zeroed: terminated */
+        size_t len = strnlen(procs[k].name, sizeof procs[k].name);
+        memcpy(r + PROC_NAME_AT, procs[k].name, len); /* record was zeroed: terminated */
     }
     *count = n;
     return NVML_SUCCESS;
