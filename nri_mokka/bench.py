@@ -27,12 +27,11 @@ TARGETS = {"call_ns": 30.0, "init_us": 100.0, "rss_overhead_mb": 0.5, "library_m
 
 
 def bench_binary() -> Path:
-    exe = NATIVE / "build" / "bench_nvml"
-    if not exe.exists():
-        if not (NATIVE / "Makefile").exists():
-            raise SystemExit("mokka bench needs a source checkout (native/bench is not installed)")
-        subprocess.run(["make", "-s", "-C", str(NATIVE), f"PYTHON={sys.executable}", "bench"], check=True)
-    return exe
+    """The C micro-benchmark, (re)built by make when its source changed."""
+    if not (NATIVE / "Makefile").exists():
+        raise SystemExit("mokka bench needs a source checkout (native/bench is not installed)")
+    subprocess.run(["make", "-s", "-C", str(NATIVE), f"PYTHON={sys.executable}", "bench"], check=True)
+    return NATIVE / "build" / "bench_nvml"
 
 
 def _kv(text: str) -> dict[str, float]:
