@@ -109,6 +109,7 @@ class MokkaPlugin:
         self.handling_seconds = 0.0
         self.recent: deque[float] = deque(maxlen=1000)  # seconds per CreateContainer, newest last
         self.runtime_cdi = False  # whether the runtime applies CDI device references
+        self._stamp: tuple[int, int] | None = None
         self.load_layout()
         self.warm_up()
 
@@ -125,7 +126,21 @@ class MokkaPlugin:
         if d.edits is not None:
             bytes(api.CreateContainerResponse(adjust=render(d.edits, {})))
 
+    def _layout_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = (self.root / "node.json").stat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_ino
+
+    def current_layout(self) -> NodeLayout | None:
+        """The node layout, reloaded when host setup rewrote node.json (one stat per call)."""
+        if self._layout_stamp() != self._stamp or self.layout is None:
+            self.load_layout()
+        return self.layout
+
     def load_layout(self) -> None:
+        self._stamp = self._layout_stamp()
         try:
             self.layout = NodeLayout.load(self.root)
             log.info(
@@ -156,13 +171,12 @@ class MokkaPlugin:
     async def create_container(self, pod: api.PodSandbox, container: api.Container) -> ContainerAdjustment | None:
         start = time.perf_counter()
         try:
-            if self.layout is None:
-                self.load_layout()
-            if self.layout is None:
+            layout = self.current_layout()
+            if layout is None:
                 log.info("%s/%s/%s: untouched (no node layout)", pod.namespace, pod.name, container.name)
                 return None
             c = to_container(pod, container)
-            d = decision.decide(c, self.layout, self.config)
+            d = decision.decide(c, layout, self.config)
             log.info("%s", d.summary(c))
             if d.error:
                 raise PluginError(f"mokka: {d.error}")

@@ -133,3 +133,14 @@ def test_cdi_references_only_where_the_runtime_applies_them(root: Path) -> None:
     adj = create(p, pod(annotations={"mokka.io/gpus": "2"}), container())
     assert adj is not None and [c.name for c in adj.cdi_devices] == ["nvidia.com/gpu=2"]
     assert not adj.mounts and not adj.env  # the CDI spec carries those
+
+
+def test_layout_is_reloaded_when_host_setup_runs_again(tmp_path: Path) -> None:
+    r = tmp_path / "root"
+    node.apply(node.plan(profile.load("h100").with_count(2), node.Options(root=r, majors="real")))
+    p = plugin.MokkaPlugin(r)
+    adj = create(p, pod(), container())
+    assert adj is not None and len([d for d in adj.linux.devices if d.path[11:].isdigit()]) == 2
+    node.apply(node.plan(profile.load("h100").with_count(4), node.Options(root=r, majors="real")))
+    adj = create(p, pod(), container())
+    assert adj is not None and len([d for d in adj.linux.devices if d.path[11:].isdigit()]) == 4
