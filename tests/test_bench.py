@@ -1,0 +1,51 @@
+"""The benchmark commands run and print their figures (they are never timed by tests)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.consumers]
+
+
+def bench(*args: str) -> str:
+    res = subprocess.run(
+        [sys.executable, "-m", "nri_mokka.cli", "bench", *args], capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_bench_nvml_prints_every_figure() -> None:
+    out = bench("nvml", "--calls", "10000")
+    for figure in (
+        "nvmlDeviceGetPowerUsage (ns/call)",
+        "nvmlInit_v2 in a fresh process",
+        "library size",
+        "nvidia-smi -q -x",
+        "nvidia-smi -L",
+        "peak RSS (MiB)",
+    ):
+        assert figure in out
+
+
+def test_bench_host_setup() -> None:
+    out = bench("host-setup", "--rounds", "1")
+    assert "h100 x8" in out and "h100 x64" in out
+
+
+def test_bench_nri() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("starts a private containerd: needs root")
+    out = bench("nri", "--rounds", "1", "--creates", "3", "--restarts", "1")
+    for figure in (
+        "median (ms)",
+        "plugin CPU per container",
+        "plugin handling p99",
+        "plugin RSS",
+        "re-register after restart",
+    ):
+        assert figure in out
