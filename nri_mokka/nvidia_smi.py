@@ -33,6 +33,12 @@ def fetch(version: str, cache: Path | None = None) -> Path:
     return binary
 
 
+def cached(version: str, cache: Path | None = None) -> Path | None:
+    """nvidia-smi ``version`` if it is already unpacked in the cache (no network)."""
+    cache = cache or debcache.default_cache()
+    return next(iter(sorted((cache / "extract").glob(f"nvidia-smi_{version}*/{BINARY}"))), None)
+
+
 def find(preferred: str = "550") -> Path | None:
     """An nvidia-smi already on this machine: the cache first, then PATH."""
     cache = debcache.default_cache() / "extract"

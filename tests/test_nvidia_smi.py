@@ -262,3 +262,22 @@ def test_processes_from_the_profile(smi: Smi, tmp_path: Path) -> None:
     assert "4343" in plain and " G " in plain
     apps = smi_run(staged, smi, "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader")
     assert apps.strip().splitlines() == ["4242, python3, 1024 MiB"]
+
+
+def test_lost_gpu_as_nvidia_smi_reports_it(smi: Smi, tmp_path: Path) -> None:
+    """A GPU marked lost fails its handle as a GPU off the bus does: nvidia-smi exits 15."""
+    import yaml
+
+    from conftest import Staged as StagedRoot
+    from nri_mokka import driver_root, profile
+
+    data = yaml.safe_load((Path(profile.__file__).parent / "profiles" / "h100.yaml").read_text())
+    data.update(name="lost", gpu_count=2, gpus={1: {"lost": True}})
+    f = tmp_path / "lost.yaml"
+    f.write_text(yaml.safe_dump(data))
+    prof = profile.load(f)
+    staged = StagedRoot(driver_root.stage(prof, tmp_path / "root"), prof)
+    res = staged.run([str(smi[1]), "-L"], check=False)
+    assert res.returncode == 15  # NVML_ERROR_GPU_IS_LOST
+    assert res.stdout.splitlines()[0].startswith("GPU 0: NVIDIA H100 80GB HBM3")
+    assert "GPU is lost" in res.stdout + res.stderr

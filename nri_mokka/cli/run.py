@@ -42,7 +42,8 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
     argv = list(command)
     if argv[0] == "nvidia-smi" and not shutil.which("nvidia-smi"):
         try:
-            click.echo(f"fetching Debian's nvidia-smi {smi_version} into the cache...", err=True)
+            if not nvidia_smi.cached(smi_version):
+                click.echo(f"fetching Debian's nvidia-smi {smi_version} into the cache...", err=True)
             argv[0] = str(nvidia_smi.fetch(smi_version))
         except Exception as exc:
             fail(f"cannot get nvidia-smi {smi_version}: {exc}")
