@@ -267,8 +267,8 @@ def test_processes_from_the_profile(smi: Smi, tmp_path: Path) -> None:
 def test_lost_gpu_as_nvidia_smi_reports_it(smi: Smi, tmp_path: Path) -> None:
     """A GPU marked lost fails its handle as a GPU off the bus does: nvidia-smi exits 15."""
     import yaml
-
     from conftest import Staged as StagedRoot
+
     from nri_mokka import driver_root, profile
 
     data = yaml.safe_load((Path(profile.__file__).parent / "profiles" / "h100.yaml").read_text())
