@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import signal
 import time
 from collections import deque
@@ -110,6 +111,7 @@ class MokkaPlugin:
         self.recent: deque[float] = deque(maxlen=1000)  # seconds per CreateContainer, newest last
         self.runtime_cdi = False  # whether the runtime applies CDI device references
         self._stamp: tuple[int, int] | None = None
+        self._layout_file = str(root / "node.json")  # a plain string: stat() on it per call is cheap
         self.load_layout()
         self.warm_up()
 
@@ -128,7 +130,7 @@ class MokkaPlugin:
 
     def _layout_stamp(self) -> tuple[int, int] | None:
         try:
-            st = (self.root / "node.json").stat()
+            st = os.stat(self._layout_file)
         except OSError:
             return None
         return st.st_mtime_ns, st.st_ino
