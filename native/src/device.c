@@ -22,6 +22,16 @@
         return NVML_SUCCESS;                                     \
     }
 
+/* A value every board of the kind reports the same way; still validates the handle. */
+#define CONSTANT_GETTER(fn, type, value)                         \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t device, type *out) {     \
+        GET_GPU(device, g);                                      \
+        (void)g;                                                 \
+        NEED(out);                                               \
+        *out = (value);                                          \
+        return NVML_SUCCESS;                                     \
+    }
+
 #define STRING_GETTER(fn, field)                                               \
     EXPORT nvmlReturn_t fn(nvmlDevice_t device, char *out, unsigned int length) { \
         GET_GPU(device, g);                                                    \
@@ -76,13 +86,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetInforomVersion(nvmlDevice_t device, nvmlInforom
     }
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetInforomConfigurationChecksum(nvmlDevice_t device, unsigned int *checksum) {
-    GET_GPU(device, g);
-    (void)g;
-    NEED(checksum);
-    *checksum = 0;
-    return NVML_SUCCESS;
-}
+CONSTANT_GETTER(nvmlDeviceGetInforomConfigurationChecksum, unsigned int, 0)
 
 EXPORT nvmlReturn_t nvmlDeviceValidateInforom(nvmlDevice_t device) {
     GET_GPU(device, g);
@@ -222,13 +226,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, nvmlPcieUti
     }
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetBusType(nvmlDevice_t device, nvmlBusType_t *type) {
-    GET_GPU(device, g);
-    (void)g;
-    NEED(type);
-    *type = NVML_BUS_TYPE_PCIE;
-    return NVML_SUCCESS;
-}
+CONSTANT_GETTER(nvmlDeviceGetBusType, nvmlBusType_t, NVML_BUS_TYPE_PCIE)
 
 /* ---- memory ------------------------------------------------------------------------ */
 
@@ -327,13 +325,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, uns
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetPowerSource(nvmlDevice_t device, nvmlPowerSource_t *source) {
-    GET_GPU(device, g);
-    (void)g;
-    NEED(source);
-    *source = NVML_POWER_SOURCE_AC;
-    return NVML_SUCCESS;
-}
+CONSTANT_GETTER(nvmlDeviceGetPowerSource, nvmlPowerSource_t, NVML_POWER_SOURCE_AC)
 
 /* ---- performance state, clocks ----------------------------------------------------- */
 
@@ -460,21 +452,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetAutoBoostedClocksEnabled(nvmlDevice_t device, n
     return NVML_ERROR_NOT_SUPPORTED; /* datacenter boards report N/A */
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetAdaptiveClockInfoStatus(nvmlDevice_t device, unsigned int *status) {
-    GET_GPU(device, g);
-    (void)g;
-    NEED(status);
-    *status = NVML_ADAPTIVE_CLOCKING_INFO_STATUS_ENABLED;
-    return NVML_SUCCESS;
-}
+CONSTANT_GETTER(nvmlDeviceGetAdaptiveClockInfoStatus, unsigned int, NVML_ADAPTIVE_CLOCKING_INFO_STATUS_ENABLED)
 
-EXPORT nvmlReturn_t nvmlDeviceGetGpcClkVfOffset(nvmlDevice_t device, int *offset) {
-    GET_GPU(device, g);
-    (void)g;
-    NEED(offset);
-    *offset = 0;
-    return NVML_SUCCESS;
-}
+CONSTANT_GETTER(nvmlDeviceGetGpcClkVfOffset, int, 0)
 EXPORT nvmlReturn_t nvmlDeviceGetMemClkVfOffset(nvmlDevice_t device, int *offset) {
     return nvmlDeviceGetGpcClkVfOffset(device, offset);
 }
@@ -663,13 +643,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *is_mig) {
-    GET_GPU(device, g);
-    (void)g;
-    NEED(is_mig);
-    *is_mig = 0;
-    return NVML_SUCCESS;
-}
+CONSTANT_GETTER(nvmlDeviceIsMigDeviceHandle, unsigned int, 0)
 
 EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
     GET_GPU(device, g);
