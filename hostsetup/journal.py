@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nri_mokka import atomic
+
 
 class JournalError(Exception):
     """A change could not be made or undone; the message names the path."""
@@ -125,13 +127,7 @@ class Journal:
         elif path.is_symlink() and not self.owns(path):
             self._save_original(path)
         new = not path.exists() and not path.is_symlink()
-        tmp = path.with_name(f".{path.name}.mokka-tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        atomic.write(path, data, mode)
         if new:
             self._record(Entry("file", str(path)))
         return True
@@ -148,11 +144,7 @@ class Journal:
                 raise JournalError(f"{path}: a directory is in the way of the link to {target}")
             self._save_original(path)
         new = not (path.exists() or path.is_symlink())
-        tmp = path.with_name(f".{path.name}.mokka-tmp")
-        if tmp.is_symlink() or tmp.exists():
-            tmp.unlink()
-        os.symlink(target, tmp)
-        os.replace(tmp, path)
+        atomic.symlink(path, target)
         if new:
             self._record(Entry("link", str(path)))
         return True

@@ -28,7 +28,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from nri_mokka import state
+from nri_mokka import atomic, state
 from nri_mokka.profile import Device, Profile, parse_bus_id
 from nri_mokka.state import _cpu_mask
 
@@ -468,14 +468,7 @@ def _write_atomic(path: Path, data: bytes) -> bool:
     """Write ``data`` to ``path`` by temp file and rename; False (nothing written) when it is there already."""
     if not path.is_symlink() and path.is_file() and path.read_bytes() == data:
         return False
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic.write(path, data, 0o644, fsync=False)  # a staged tree, moved into place whole
     return True
 
 
@@ -483,13 +476,7 @@ def _symlink_atomic(path: Path, target: str) -> bool:
     """Point ``path`` at ``target`` by temp link and rename; False when it does already."""
     if path.is_symlink() and os.readlink(path) == target:
         return False
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.symlink(target, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic.symlink(path, target)
     return True
 
 

@@ -11,12 +11,10 @@ Layout (the library finds its state relative to itself, ``<libdir>/mokka/state.b
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import state
+from . import atomic, state
 from .native import library_path
 from .profile import Profile
 
@@ -35,21 +33,6 @@ class DriverRoot:
         return self.library.parent
 
 
-def _atomic_copy(src: Path, dst: Path) -> None:
-    tmp = dst.with_name(f".{dst.name}.tmp.{os.getpid()}")
-    shutil.copyfile(src, tmp)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, dst)
-
-
-def _atomic_symlink(target: str, link: Path) -> None:
-    tmp = link.with_name(f".{link.name}.tmp.{os.getpid()}")
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    os.symlink(target, tmp)
-    os.replace(tmp, link)
-
-
 def stage(profile: Profile, out: Path) -> DriverRoot:
     """Write (or refresh) a driver root for ``profile`` under ``out``.
 
@@ -61,9 +44,9 @@ def stage(profile: Profile, out: Path) -> DriverRoot:
     libdir = out / LIBDIR
     libdir.mkdir(parents=True, exist_ok=True)
     versioned = libdir / f"libnvidia-ml.so.{profile.driver.version}"
-    _atomic_copy(lib_src, versioned)
-    _atomic_symlink(versioned.name, libdir / "libnvidia-ml.so.1")
-    _atomic_symlink("libnvidia-ml.so.1", libdir / "libnvidia-ml.so")
+    atomic.write(versioned, lib_src.read_bytes(), 0o755)
+    atomic.symlink(libdir / "libnvidia-ml.so.1", versioned.name)
+    atomic.symlink(libdir / "libnvidia-ml.so", "libnvidia-ml.so.1")
     state_file = libdir / STATE_RELATIVE
     state.write_new(state_file, data)
     return DriverRoot(root=out, library=versioned, state=state_file)

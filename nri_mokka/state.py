@@ -19,6 +19,7 @@ from typing import Any
 
 import cffi
 
+from . import atomic
 from .native import header_path
 from .profile import MIB, Architecture, Brand, Device, Profile
 
@@ -300,13 +301,7 @@ def write_new(path: Path, data: bytes) -> None:
     Only for files nobody has mapped yet; live changes go through :func:`update`.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    atomic.write(path, data, 0o644)
 
 
 def check(data: bytes | bytearray | mmap.mmap, source: str = "state") -> tuple[int, int, int]:
