@@ -236,16 +236,26 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t 
     return nvmlDeviceGetHandleByIndex_v2(index, device);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+/* Handle lookups by a key: the first visible GPU the key matches. */
+typedef int (*match_fn)(const mokka_gpu_t *g, const char *key);
+
+static nvmlReturn_t handle_by(match_fn match, const char *key, nvmlDevice_t *device) {
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
-    if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!key || !device) return NVML_ERROR_INVALID_ARGUMENT;
     for (unsigned i = 0; i < g_mokka.visible_count; i++) {
-        if (strcmp(g_mokka.devices[i].gpu->uuid, uuid) == 0) {
+        if (match(g_mokka.devices[i].gpu, key)) {
             *device = &g_mokka.devices[i];
             return NVML_SUCCESS;
         }
     }
     return NVML_ERROR_NOT_FOUND;
+}
+
+static int uuid_is(const mokka_gpu_t *g, const char *uuid) { return strcmp(g->uuid, uuid) == 0; }
+static int serial_is(const mokka_gpu_t *g, const char *serial) { return strcmp(g->serial, serial) == 0; }
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    return handle_by(uuid_is, uuid, device);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUIDV(const nvmlUUID_t *uuid, nvmlDevice_t *device) {
@@ -254,39 +264,27 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUIDV(const nvmlUUID_t *uuid, nvmlDevic
     return nvmlDeviceGetHandleByUUID(uuid->value.str, device);
 }
 
-static int bus_id_equal(const char *a, const char *b) {
+static int bus_id_is(const mokka_gpu_t *g, const char *bus_id) {
     /* Accept 4- or 8-digit domains and any case: compare the parsed numbers. */
-    unsigned d1, b1, s1, f1, d2, b2, s2, f2;
-    if (sscanf(a, "%x:%x:%x.%x", &d1, &b1, &s1, &f1) != 4) return 0;
-    if (sscanf(b, "%x:%x:%x.%x", &d2, &b2, &s2, &f2) != 4) return 0;
-    return d1 == d2 && b1 == b2 && s1 == s2 && f1 == f2;
+    unsigned dom, bus, dev, fn;
+    if (sscanf(bus_id, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4) return 0;
+    return g->pci_domain == dom && g->pci_bus == bus && g->pci_device == dev && g->pci_function == fn;
+}
+
+const mokka_gpu_t *mokka_gpu_by_bus_id(const char *bus_id) {
+    nvmlDevice_t device;
+    return handle_by(bus_id_is, bus_id, &device) == NVML_SUCCESS ? device->gpu : NULL;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *device) {
-    if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
-    if (!bus_id || !device) return NVML_ERROR_INVALID_ARGUMENT;
-    for (unsigned i = 0; i < g_mokka.visible_count; i++) {
-        if (bus_id_equal(g_mokka.devices[i].gpu->bus_id, bus_id)) {
-            *device = &g_mokka.devices[i];
-            return NVML_SUCCESS;
-        }
-    }
-    return NVML_ERROR_NOT_FOUND;
+    return handle_by(bus_id_is, bus_id, device);
 }
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *bus_id, nvmlDevice_t *device) {
     return nvmlDeviceGetHandleByPciBusId_v2(bus_id, device);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleBySerial(const char *serial, nvmlDevice_t *device) {
-    if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
-    if (!serial || !device) return NVML_ERROR_INVALID_ARGUMENT;
-    for (unsigned i = 0; i < g_mokka.visible_count; i++) {
-        if (strcmp(g_mokka.devices[i].gpu->serial, serial) == 0) {
-            *device = &g_mokka.devices[i];
-            return NVML_SUCCESS;
-        }
-    }
-    return NVML_ERROR_NOT_FOUND;
+    return handle_by(serial_is, serial, device);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {

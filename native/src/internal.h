@@ -59,6 +59,8 @@ nvmlReturn_t mokka_device(nvmlDevice_t device, const mokka_gpu_t **out);
     } while (0)
 
 uint64_t mokka_energy_mj(const mokka_gpu_t *g);
+/* The visible GPU at a PCI bus id (4- or 8-digit domain), or NULL. */
+const mokka_gpu_t *mokka_gpu_by_bus_id(const char *bus_id);
 /* The GPU's processes of one type (0 compute, 1 graphics, 2 MPS), copied under the seqlock. */
 unsigned mokka_processes(const mokka_gpu_t *g, unsigned type, mokka_process_t out[MOKKA_MAX_PROCS]);
 nvmlReturn_t mokka_copy_string(char *dst, unsigned int length, const char *src, size_t src_size);

@@ -42,7 +42,6 @@
  * labels filled from the public thresholds), 0x790 (addressing mode), 0x7c8 on 550 and
  * 0x798 on 535 (sparse operation mode: the same query sits at different offsets). */
 #include <pthread.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -108,19 +107,9 @@ static nvmlReturn_t gpu_part_number(nvmlDevice_t device, char *buf, unsigned int
 
 enum { TOPO_NODE = 3, TOPO_SYS = 4 };
 
-static const mokka_gpu_t *gpu_by_bus_id(const char *bus_id) {
-    unsigned dom, bus, dev, fn;
-    if (!bus_id || sscanf(bus_id, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4) return NULL;
-    for (unsigned i = 0; i < g_mokka.visible_count; i++) {
-        const mokka_gpu_t *g = g_mokka.devices[i].gpu;
-        if (g->pci_domain == dom && g->pci_bus == bus && g->pci_device == dev && g->pci_function == fn) return g;
-    }
-    return NULL;
-}
-
 static nvmlReturn_t topology_level(const char *bus_id_a, const char *bus_id_b, int *level) {
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
-    const mokka_gpu_t *a = gpu_by_bus_id(bus_id_a), *b = gpu_by_bus_id(bus_id_b);
+    const mokka_gpu_t *a = mokka_gpu_by_bus_id(bus_id_a), *b = mokka_gpu_by_bus_id(bus_id_b);
     if (!a || !b || !level) return NVML_ERROR_INVALID_ARGUMENT;
     uint32_t na = mokka_is_na(a->numa_node) ? 0 : a->numa_node, nb = mokka_is_na(b->numa_node) ? 0 : b->numa_node;
     *level = na == nb ? TOPO_NODE : TOPO_SYS;
