@@ -20,9 +20,13 @@ RUN apt-get update \
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY native/ native/
-COPY nri_mokka/ nri_mokka/
+COPY gpumodel/ gpumodel/
 COPY cdi/ cdi/
 COPY hostsetup/ hostsetup/
+COPY nri_mokka/ nri_mokka/
+COPY k8snode/ k8snode/
+COPY testbed/ testbed/
+COPY mokka/ mokka/
 # `pip install .` compiles native/ (nvml.h from PyPI's nvidia-nvml-dev, a build requirement)
 # and ships the libraries inside the package; kubernetes is the node-identity client.
 # hadolint ignore=DL3013
@@ -31,11 +35,11 @@ RUN python3 -m venv /opt/mokka/venv \
     && /opt/mokka/venv/bin/mokka --version
 
 # nvidia-smi from Debian's non-free archive (550: trixie, 535: bookworm), verified and
-# unpacked by nri_mokka.nvidia_smi; empty NVIDIA_SMI builds an image without it.
+# unpacked by testbed.nvidia_smi; empty NVIDIA_SMI builds an image without it.
 ARG NVIDIA_SMI=550
 RUN mkdir -p /out/usr/local/lib/mokka \
     && if [ -n "${NVIDIA_SMI}" ]; then \
-        smi="$(/opt/mokka/venv/bin/python -c "from nri_mokka import nvidia_smi; print(nvidia_smi.fetch('${NVIDIA_SMI}'))")" \
+        smi="$(/opt/mokka/venv/bin/python -c "from testbed import nvidia_smi; print(nvidia_smi.fetch('${NVIDIA_SMI}'))")" \
         && install -m 0755 "${smi}" /out/usr/local/lib/mokka/nvidia-smi; \
     fi
 

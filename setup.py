@@ -17,7 +17,7 @@ class BuildWithNative(build_py):
         subprocess.run(["make", "-C", str(ROOT / "native"), f"PYTHON={sys.executable}"], check=True)
         super().run()
         if not self.editable_mode:
-            target = Path(self.build_lib) / "nri_mokka" / "_native"
+            target = Path(self.build_lib) / "gpumodel" / "_native"
             target.mkdir(parents=True, exist_ok=True)
             for artifact in ARTIFACTS:
                 shutil.copy2(ROOT / "native" / artifact, target / Path(artifact).name)

@@ -1,6 +1,5 @@
-"""CDI spec model, generator and validation: renders ``nri_mokka.edits``, never decides."""
+"""CDI spec model, generator and validation: renders ``gpumodel.edits``, never decides."""
 
-from .schema import fetch_schema
 from .spec import (
     DEFAULT_DIR,
     DEFAULT_KIND,
@@ -21,7 +20,6 @@ __all__ = [
     "CdiError",
     "SpecError",
     "device_edits",
-    "fetch_schema",
     "file_name",
     "minimum_version",
     "render",

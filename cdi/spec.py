@@ -1,6 +1,6 @@
 """Render the edits model as a CDI spec, check it against the official schema, write it.
 
-The spec only *renders* :mod:`nri_mokka.edits`: spec-level ``containerEdits`` are
+The spec only *renders* :mod:`gpumodel.edits`: spec-level ``containerEdits`` are
 ``common_edits(layout)``; each device (``"0"``, ``"1"``, ..., each GPU's UUID, ``"all"``)
 carries just its ``/dev/nvidiaN`` node(s). A runtime injecting some of these devices merges
 spec-level edits once with the edits of each device (``resolve`` below does the same), which
@@ -23,7 +23,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nri_mokka.edits import ContainerEdits, DeviceNode, GpuNode, Mount, NodeLayout, common_edits, container_edits
+from gpumodel.edits import ContainerEdits, DeviceNode, Mount, common_edits, container_edits
+from gpumodel.nodelayout import GpuNode, NodeLayout
 
 __all__ = [
     "DEFAULT_DIR",

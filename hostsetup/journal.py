@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nri_mokka import atomic
+from gpumodel import atomic
 
 
 class JournalError(Exception):

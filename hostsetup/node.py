@@ -27,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nri_mokka import edits, state
-from nri_mokka.native import NativeMissing, library_path
-from nri_mokka.profile import Profile
+from gpumodel import edits, nodelayout, state
+from gpumodel.native import NativeMissing, library_path
+from gpumodel.profile import Profile
 
 from .journal import Journal, JournalError
 
@@ -61,7 +61,7 @@ class Step:
 class Plan:
     profile: Profile
     options: Options
-    layout: edits.NodeLayout
+    layout: nodelayout.NodeLayout
     steps: list[Step] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -119,7 +119,7 @@ def plan(profile: Profile, options: Options) -> Plan:
     devices = profile.devices()
     version = profile.driver.version
     libdir = root / "driver" / "usr" / "lib64"
-    layout = edits.NodeLayout(
+    layout = nodelayout.NodeLayout(
         root=str(root),
         profile=profile.name,
         driver_version=version,
@@ -128,7 +128,7 @@ def plan(profile: Profile, options: Options) -> Plan:
         dev_root=str(root / "dev"),
         gpu_major=gpu_major,
         uvm_major=uvm_major,
-        gpus=tuple(edits.GpuNode(d.index, d.uuid, d.bus_id, d.index) for d in devices),
+        gpus=tuple(nodelayout.GpuNode(d.index, d.uuid, d.bus_id, d.index) for d in devices),
         nvidia_smi=str(root / "driver" / "usr" / "bin" / "nvidia-smi") if options.nvidia_smi else None,
         sysfs_shim=str(root / "lib" / "libmokka-sysfs.so") if shim else None,
     )

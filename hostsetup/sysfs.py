@@ -28,9 +28,9 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from nri_mokka import atomic, state
-from nri_mokka.profile import Device, Profile, parse_bus_id
-from nri_mokka.state import _cpu_mask
+from gpumodel import atomic, state
+from gpumodel.profile import Device, Profile, parse_bus_id
+from gpumodel.state import _cpu_mask
 
 # Kernel strings for PCIe link speeds (drivers/pci/pci-sysfs.c, pci_speed_string()).
 LINK_SPEEDS = {

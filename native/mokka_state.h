@@ -1,7 +1,7 @@
 /*
  * mokka_state.h — the one definition of Mokka's compiled state file.
  *
- * The Python compiler (nri_mokka/state.py) feeds this header to cffi and writes the
+ * The Python compiler (gpumodel/state.py) feeds this header to cffi and writes the
  * file through it; the native shims mmap the same file and read it through these
  * structs. The header is kept in the subset of C that cffi's parser accepts: plain
  * structs of fixed-width types, and `#define NAME <integer>` constants. Lines that

@@ -1,3 +1,1 @@
-"""Mokka: make a CPU-only Linux node look like an NVIDIA GPU node."""
-
-__version__ = "0.1.0"
+"""The containerd NRI plugin: the decision, its rendering as adjustments, and the NRI transport."""

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .edits import ContainerEdits, GpuNode, NodeLayout, container_edits
+from gpumodel.edits import ContainerEdits, container_edits
+from gpumodel.nodelayout import GpuNode, NodeLayout
 
 ANNOTATION_INJECT = "mokka.io/inject"  # "true" opts in (opt-in mode), "false" opts out
 ANNOTATION_GPUS = "mokka.io/gpus"  # "all", or indices / UUIDs separated by commas

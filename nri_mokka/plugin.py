@@ -23,8 +23,10 @@ from pathlib import Path
 
 import yaml
 
+from gpumodel.edits import ContainerEdits
+from gpumodel.nodelayout import NodeLayout
+
 from . import decision
-from .edits import ContainerEdits, NodeLayout
 from .nri.stub import ContainerAdjustment, PluginError, Stub, api
 
 log = logging.getLogger("mokka.plugin")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nri_mokka import driver_root, nvidia_smi, profile
+from gpumodel import driver_root, profile
+from testbed import nvidia_smi
 
 SMI_VERSIONS = ["550", "535"]
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gpumodel import nodelayout, profile
 from hostsetup import node
-from nri_mokka import edits, nvidia_smi, profile, sandbox
+from testbed import nvidia_smi, sandbox
 
 PROFILE = "h100"
 
@@ -22,17 +23,17 @@ def smi550() -> Path:
 
 
 @pytest.fixture(scope="module")
-def layout(tmp_path_factory: pytest.TempPathFactory, smi550: Path) -> Iterator[edits.NodeLayout]:
+def layout(tmp_path_factory: pytest.TempPathFactory, smi550: Path) -> Iterator[nodelayout.NodeLayout]:
     """Host setup of the h100 profile under a temporary root, undone afterwards."""
     root = tmp_path_factory.mktemp("node")
     node.apply(node.plan(profile.load(PROFILE), node.Options(root=root, nvidia_smi=smi550)))
-    yield edits.NodeLayout.load(root)
+    yield nodelayout.NodeLayout.load(root)
     node.cleanup(root)
     assert not root.exists() or not any(root.iterdir())
 
 
 @pytest.fixture(scope="module")
-def workload_rootfs(tmp_path_factory: pytest.TempPathFactory, layout: edits.NodeLayout, smi550: Path) -> Path:
+def workload_rootfs(tmp_path_factory: pytest.TempPathFactory, layout: nodelayout.NodeLayout, smi550: Path) -> Path:
     """busybox plus the glibc libraries nvidia-smi and the mock need; nothing NVIDIA inside."""
     needs = [smi550, Path(layout.library)] + ([Path(layout.sysfs_shim)] if layout.sysfs_shim else [])
     rootfs = sandbox.make_rootfs(tmp_path_factory.mktemp("workload") / "rootfs", programs=needs)

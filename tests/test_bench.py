@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.consumers]
 
 def bench(*args: str) -> str:
     res = subprocess.run(
-        [sys.executable, "-m", "nri_mokka.cli", "bench", *args], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "mokka.cli", "bench", *args], capture_output=True, text=True, timeout=600
     )
     assert res.returncode == 0, res.stderr
     return res.stdout

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 import cdi
-from cdi import schema as cdi_schema
-from nri_mokka import edits, profile
-from nri_mokka.edits import ContainerEdits, GpuNode, NodeLayout
+from gpumodel import edits, profile
+from gpumodel.edits import ContainerEdits
+from gpumodel.nodelayout import GpuNode, NodeLayout
+from testbed import cdi_schema
 
 CASES = [
     ("h100", True, True),
@@ -78,7 +79,7 @@ def source() -> Path:
 
 @pytest.fixture(scope="module")
 def schema_dir(source: Path) -> Path:
-    path = cdi.fetch_schema()
+    path = cdi_schema.fetch_schema()
     assert (path / "schema.json").is_file() and (path / "defs.json").is_file()
     return path
 

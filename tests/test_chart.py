@@ -3,7 +3,7 @@ manifest validated against the Kubernetes schemas of the version it is rendered 
 (kubernetes-validate, strict: unknown fields are errors), and the fake-gpu-operator
 contract asserted on the rendered ConfigMaps.
 
-helm is built from the Go module proxy at a pinned version (nri_mokka.gotool.install), with
+helm is built from the Go module proxy at a pinned version (testbed.gotool.install), with
 the Kubernetes version its release builds stamp in, so `helm install --dry-run` works offline.
 """
 
@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from nri_mokka import gotool, nodeinfo, profile
+from gpumodel import profile
+from k8snode import nodeinfo
+from testbed import gotool
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
 
@@ -220,7 +222,7 @@ def check_daemonset(docs: Docs, given: dict[str, Any]) -> None:
     pre_stop = plugin.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
     if v["hostSetup"]["cleanupOnTermination"]:
         assert pre_stop is not None and f"mokka host cleanup --root '{v['hostSetup']['root']}'" in pre_stop[-1]
-        assert ("nri_mokka.nodeinfo remove" in pre_stop[-1]) is v["nodeInfo"]["enabled"]
+        assert ("k8snode.nodeinfo remove" in pre_stop[-1]) is v["nodeInfo"]["enabled"]
     else:
         assert pre_stop is None
 

@@ -15,7 +15,7 @@ import pytest
 import tomlkit
 
 from hostsetup import containerd_config as cc
-from nri_mokka import containerd_dist
+from testbed import containerd_dist
 
 RUNC = "/usr/sbin/runc"
 NRI = "io.containerd.nri.v1.nri"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from nri_mokka import edits, profile
+from gpumodel import edits, nodelayout, profile
 from nri_mokka.decision import Config, Container, decide
 
 
 @pytest.fixture(scope="module")
-def layout() -> edits.NodeLayout:
+def layout() -> nodelayout.NodeLayout:
     devices = profile.load("h100").devices()
-    return edits.NodeLayout(
+    return nodelayout.NodeLayout(
         root="/var/lib/mokka",
         profile="h100",
         driver_version="550.163.01",
@@ -20,7 +20,7 @@ def layout() -> edits.NodeLayout:
         dev_root="/var/lib/mokka/dev",
         gpu_major=195,
         uvm_major=510,
-        gpus=tuple(edits.GpuNode(d.index, d.uuid, d.bus_id, d.index) for d in devices),
+        gpus=tuple(nodelayout.GpuNode(d.index, d.uuid, d.bus_id, d.index) for d in devices),
         nvidia_smi="/var/lib/mokka/driver/usr/bin/nvidia-smi",
         sysfs_shim=None,
     )
@@ -37,7 +37,7 @@ def gpu_nodes(d: object) -> list[str]:
     return [n.path for n in d.edits.device_nodes if n.path[len("/dev/nvidia") :].isdigit()]  # type: ignore[attr-defined]
 
 
-def test_default_gets_every_gpu(layout: edits.NodeLayout) -> None:
+def test_default_gets_every_gpu(layout: nodelayout.NodeLayout) -> None:
     d = decide(ctr(), layout, Config())
     assert [g.index for g in d.gpus] == list(range(8))
     assert gpu_nodes(d) == [f"/dev/nvidia{i}" for i in range(8)]
@@ -52,31 +52,31 @@ def test_default_gets_every_gpu(layout: edits.NodeLayout) -> None:
     }
 
 
-def test_same_edits_as_the_cdi_path(layout: edits.NodeLayout) -> None:
+def test_same_edits_as_the_cdi_path(layout: nodelayout.NodeLayout) -> None:
     d = decide(ctr(pod_annotations={"mokka.io/gpus": "1,3"}), layout, Config())
     assert d.edits == edits.container_edits(layout, [layout.gpus[1], layout.gpus[3]])
 
 
-def test_opt_out_and_excluded_namespace(layout: edits.NodeLayout) -> None:
+def test_opt_out_and_excluded_namespace(layout: nodelayout.NodeLayout) -> None:
     assert decide(ctr(pod_annotations={"mokka.io/inject": "false"}), layout, Config()).edits is None
     assert decide(ctr(pod_namespace="kube-system"), layout, Config()).edits is None
     d = decide(ctr(pod_namespace="monitoring"), layout, Config(exclude_namespaces=frozenset({"monitoring"})))
     assert d.edits is None and "monitoring" in d.reason
 
 
-def test_opt_in_mode(layout: edits.NodeLayout) -> None:
+def test_opt_in_mode(layout: nodelayout.NodeLayout) -> None:
     assert decide(ctr(), layout, Config(mode="opt-in")).edits is None
     d = decide(ctr(pod_annotations={"mokka.io/inject": "true"}), layout, Config(mode="opt-in"))
     assert len(d.gpus) == 8
 
 
-def test_subset_by_annotation_index_and_uuid(layout: edits.NodeLayout) -> None:
+def test_subset_by_annotation_index_and_uuid(layout: nodelayout.NodeLayout) -> None:
     d = decide(ctr(pod_annotations={"mokka.io/gpus": f"5, {layout.gpus[2].uuid}"}), layout, Config())
     assert [g.index for g in d.gpus] == [2, 5]
     assert gpu_nodes(d) == ["/dev/nvidia2", "/dev/nvidia5"]
 
 
-def test_unknown_gpu_fails_closed(layout: edits.NodeLayout) -> None:
+def test_unknown_gpu_fails_closed(layout: nodelayout.NodeLayout) -> None:
     d = decide(ctr(pod_annotations={"mokka.io/gpus": "9"}), layout, Config())
     assert d.error and "'9'" in d.error and "8 mock GPUs" in d.error
     d = decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "GPU-nope"}), layout, Config())
@@ -85,7 +85,7 @@ def test_unknown_gpu_fails_closed(layout: edits.NodeLayout) -> None:
     assert d.error and "/dev/nvidia12" in d.error
 
 
-def test_device_plugin_env_allocation(layout: edits.NodeLayout) -> None:
+def test_device_plugin_env_allocation(layout: nodelayout.NodeLayout) -> None:
     d = decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "1,3"}), layout, Config())
     assert [g.index for g in d.gpus] == [1, 3]
     assert d.edits is not None and d.edits.device_nodes == ()
@@ -93,7 +93,7 @@ def test_device_plugin_env_allocation(layout: edits.NodeLayout) -> None:
     assert d.edits.env_dict()["MOKKA_STATE"] == edits.STATE_IN_CONTAINER
 
 
-def test_visible_devices_special_values(layout: edits.NodeLayout) -> None:
+def test_visible_devices_special_values(layout: nodelayout.NodeLayout) -> None:
     assert decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "void"}), layout, Config()).edits is None
     assert decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": ""}), layout, Config()).edits is None
     d = decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "none"}), layout, Config())
@@ -101,13 +101,13 @@ def test_visible_devices_special_values(layout: edits.NodeLayout) -> None:
     assert len(decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "all"}), layout, Config()).gpus) == 8
 
 
-def test_existing_device_nodes_allocation(layout: edits.NodeLayout) -> None:
+def test_existing_device_nodes_allocation(layout: nodelayout.NodeLayout) -> None:
     d = decide(ctr(device_paths=["/dev/nvidia4", "/dev/nvidiactl", "/dev/fuse"]), layout, Config())
     assert [g.index for g in d.gpus] == [4]
     assert d.edits is not None and d.edits.device_nodes == ()
 
 
-def test_cdi_requests_are_left_to_the_runtime(layout: edits.NodeLayout) -> None:
+def test_cdi_requests_are_left_to_the_runtime(layout: nodelayout.NodeLayout) -> None:
     d = decide(ctr(annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"}), layout, Config())
     assert d.edits is None and "CDI" in d.reason
     # other vendors' CDI devices do not count as a GPU allocation
@@ -124,13 +124,13 @@ def test_config_parse() -> None:
         Config.parse({"mode": "some"})
 
 
-def test_summary_names_the_container(layout: edits.NodeLayout) -> None:
+def test_summary_names_the_container(layout: nodelayout.NodeLayout) -> None:
     c = ctr(pod_annotations={"mokka.io/gpus": "0"})
     line = decide(c, layout, Config()).summary(c)
     assert line.startswith("default/pod/app: GPUs 0") and "device nodes" in line
 
 
-def test_cdi_device_references(layout: edits.NodeLayout) -> None:
+def test_cdi_device_references(layout: nodelayout.NodeLayout) -> None:
     cfg = Config(cdi_devices=True)
     d = decide(ctr(pod_annotations={"mokka.io/gpus": "1,3"}), layout, cfg)
     assert d.cdi_devices == ("nvidia.com/gpu=1", "nvidia.com/gpu=3")

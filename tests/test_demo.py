@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nri_mokka import demo, profile, sandbox
+from gpumodel import profile
+from testbed import demo, sandbox
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 BASE = demo.DEFAULT_BASE
@@ -44,7 +45,7 @@ def assert_nothing_left() -> None:
 
 def mokka(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "nri_mokka.cli", "demo", *args],
+        [sys.executable, "-m", "mokka.cli", "demo", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -109,6 +110,6 @@ def test_keep_then_stop() -> None:
     assert proc.returncode == 0, err
     assert "kept running" in err and (BASE / "sb" / "containerd.sock").exists()
     stop = subprocess.run(
-        [sys.executable, "-m", "nri_mokka.cli", "demo", "--stop"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "mokka.cli", "demo", "--stop"], capture_output=True, text=True, timeout=120
     )
     assert stop.returncode == 0 and "nothing left behind" in stop.stdout, stop.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nri_mokka import nvidia_smi
+from testbed import nvidia_smi
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
@@ -109,7 +109,7 @@ def test_dockerignore_rules() -> None:
     assert ignored("native/build/libnvidia-ml.so", patterns)
     assert ignored("nri_mokka/__pycache__/cli.cpython-311.pyc", patterns)
     assert ignored(".venv/bin/python", patterns) and ignored("tests/test_chart.py", patterns)
-    assert not ignored("nri_mokka/profiles/h100.yaml", patterns)
+    assert not ignored("gpumodel/profiles/h100.yaml", patterns)
     assert not ignored("native/src/core.c", patterns)
 
 
@@ -135,7 +135,7 @@ def test_nvidia_smi_build_argument() -> None:
         if word == "ARG":
             name, _, default = rest.partition("=")
             args[name] = default
-    assert args.get("NVIDIA_SMI") in nvidia_smi.SUITES, "the default must be a version nri_mokka.nvidia_smi fetches"
+    assert args.get("NVIDIA_SMI") in nvidia_smi.SUITES, "the default must be a version testbed.nvidia_smi fetches"
     text = DOCKERFILE.read_text()
     assert 'if [ -n "${NVIDIA_SMI}" ]' in text, "an empty NVIDIA_SMI must build an image without nvidia-smi"
     chart = yaml.safe_load((REPO / "charts" / "mokka" / "values.yaml").read_text())

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 import cdi
-from nri_mokka import edits, profile, sandbox
+from gpumodel import edits, nodelayout, profile
+from testbed import sandbox
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 
@@ -44,7 +45,7 @@ def _need_root() -> None:
 
 
 @pytest.fixture(scope="module")
-def cdi_spec(tmp_path_factory: pytest.TempPathFactory, layout: edits.NodeLayout) -> Path:
+def cdi_spec(tmp_path_factory: pytest.TempPathFactory, layout: nodelayout.NodeLayout) -> Path:
     return cdi.write(cdi.render(layout), tmp_path_factory.mktemp("cdi"))
 
 
@@ -96,7 +97,7 @@ def device_nodes(listing: list[str]) -> dict[str, tuple[int, int]]:
     return {m["name"]: (int(m["major"]), int(m["minor"])) for m in map(NODE_RE.match, listing) if m}
 
 
-def assert_sees_exactly(output: str, layout: edits.NodeLayout, gpu: int) -> None:
+def assert_sees_exactly(output: str, layout: nodelayout.NodeLayout, gpu: int) -> None:
     """The probe's output shows GPU ``gpu`` of the profile, alone, renumbered 0."""
     got = sections(output)
     device = profile.load(PROFILE).devices()[gpu]
@@ -114,7 +115,7 @@ def assert_sees_exactly(output: str, layout: edits.NodeLayout, gpu: int) -> None
     assert got["write"] == ["read-only"], output
 
 
-def test_cdi_annotation(containerd: sandbox.Sandbox, layout: edits.NodeLayout) -> None:
+def test_cdi_annotation(containerd: sandbox.Sandbox, layout: nodelayout.NodeLayout) -> None:
     pod = containerd.run_pod("cdi-annotation")
     res = containerd.run_container(
         pod,
@@ -133,7 +134,7 @@ def test_cdi_annotation(containerd: sandbox.Sandbox, layout: edits.NodeLayout) -
     assert "exit 127" in got["smi"], plain.logs  # no nvidia-smi in the image
 
 
-def test_cri_cdi_devices_field(containerd: sandbox.Sandbox, layout: edits.NodeLayout) -> None:
+def test_cri_cdi_devices_field(containerd: sandbox.Sandbox, layout: nodelayout.NodeLayout) -> None:
     """The CRI ``CDI_devices`` field (what kubelet fills from device plugins and DRA); 1.7.24 honours it too."""
     pod = containerd.run_pod("cdi-field")
     res = containerd.run_container(
@@ -143,7 +144,7 @@ def test_cri_cdi_devices_field(containerd: sandbox.Sandbox, layout: edits.NodeLa
     assert_sees_exactly(res.logs, layout, 1)
 
 
-def test_unresolvable_cdi_device(containerd: sandbox.Sandbox, layout: edits.NodeLayout) -> None:
+def test_unresolvable_cdi_device(containerd: sandbox.Sandbox, layout: nodelayout.NodeLayout) -> None:
     """A GPU the spec does not have fails CreateContainer, with the CDI error."""
     pod = containerd.run_pod("cdi-unknown")
     missing = len(layout.gpus)
@@ -154,7 +155,7 @@ def test_unresolvable_cdi_device(containerd: sandbox.Sandbox, layout: edits.Node
 
 
 def test_podman_device(
-    tmp_path_factory: pytest.TempPathFactory, workload_rootfs: Path, cdi_spec: Path, layout: edits.NodeLayout
+    tmp_path_factory: pytest.TempPathFactory, workload_rootfs: Path, cdi_spec: Path, layout: nodelayout.NodeLayout
 ) -> None:
     """Debian's podman: ``--device nvidia.com/gpu=0`` with ``--rootfs`` of the same workload root."""
     if shutil.which("podman") is None:

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 from test_e2e_cdi import PROBE, PROFILE, device_nodes, sections
 
-from nri_mokka import edits, profile, sandbox
-from nri_mokka.plugin_process import PluginProcess
+from gpumodel import nodelayout, profile
+from testbed import sandbox
+from testbed.plugin_process import PluginProcess
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 
@@ -33,7 +34,7 @@ VERSIONS = ["1.7", "2.1"]
 def node_with_plugin(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
-    layout: edits.NodeLayout,
+    layout: nodelayout.NodeLayout,
     workload_image: Path,
 ) -> Iterator[tuple[sandbox.Sandbox, PluginProcess]]:
     base = tmp_path_factory.mktemp("nb")
@@ -115,7 +116,7 @@ def test_stopped_plugin_does_not_block_containers(node_with_plugin: tuple[sandbo
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_pre_launched_by_containerd(
-    version: str, tmp_path_factory: pytest.TempPathFactory, layout: edits.NodeLayout, workload_image: Path
+    version: str, tmp_path_factory: pytest.TempPathFactory, layout: nodelayout.NodeLayout, workload_image: Path
 ) -> None:
     """containerd starts the plugin itself from its plugin directory (socket on fd 3)."""
     base = tmp_path_factory.mktemp("pl")
@@ -127,7 +128,7 @@ def test_pre_launched_by_containerd(
         script = plugins / "10-mokka"
         repo = Path(__file__).resolve().parent.parent
         script.write_text(
-            f"#!/bin/sh\nPYTHONPATH={repo} exec {sys.executable} -m nri_mokka.cli nri-plugin --root {layout.root} "
+            f"#!/bin/sh\nPYTHONPATH={repo} exec {sys.executable} -m mokka.cli nri-plugin --root {layout.root} "
             f">>{base}/plugin.log 2>&1\n"
         )
         script.chmod(0o755)
@@ -143,7 +144,7 @@ def test_pre_launched_by_containerd(
 
 
 def test_cdi_device_references_on_containerd_2_1(
-    tmp_path_factory: pytest.TempPathFactory, layout: edits.NodeLayout, workload_image: Path
+    tmp_path_factory: pytest.TempPathFactory, layout: nodelayout.NodeLayout, workload_image: Path
 ) -> None:
     """With --cdi-devices, containerd 2.1 resolves the plugin's CDI references against the
     spec `mokka cdi generate` wrote: the container sees exactly the GPUs asked for."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import Staged
 
-from nri_mokka import fidelity
+from testbed import fidelity
 
 pytestmark = pytest.mark.consumers
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import Staged
 
-from nri_mokka import gotool
+from testbed import gotool
 
 pytestmark = pytest.mark.consumers
 

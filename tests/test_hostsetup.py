@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gpumodel import nodelayout, profile
 from hostsetup import node
-from nri_mokka import edits, profile
 
 
 def snapshot(top: Path) -> dict[str, str]:
@@ -36,7 +36,7 @@ def snapshot(top: Path) -> dict[str, str]:
 
 
 def mokka(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nri_mokka.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "mokka.cli", *args], capture_output=True, text=True)
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def test_setup_stages_everything(tmp_path: Path, smi_binary: Path) -> None:
     prof = profile.load("h100")
     plan = node.plan(prof, node.Options(root=root, nvidia_smi=smi_binary, majors="real"))
     node.apply(plan)
-    layout = edits.NodeLayout.load(root)
+    layout = nodelayout.NodeLayout.load(root)
     assert layout.gpu_major == 195 and len(layout.gpus) == 8
     lib = root / "driver/usr/lib64" / f"libnvidia-ml.so.{prof.driver.version}"
     assert lib.is_file() and os.readlink(root / "driver/usr/lib64/libnvidia-ml.so.1") == lib.name
@@ -142,7 +142,7 @@ def test_cli_setup_then_cleanup(tmp_path: Path) -> None:
     root = tmp_path / "root"
     res = mokka("host", "setup", "--profile", "h100", "--gpus", "64", "--root", str(root))
     assert res.returncode == 0, res.stderr
-    assert len(edits.NodeLayout.load(root).gpus) == 64
+    assert len(nodelayout.NodeLayout.load(root).gpus) == 64
     res = mokka("host", "cleanup", "--root", str(root))
     assert res.returncode == 0, res.stderr
     assert not root.exists()

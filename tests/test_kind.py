@@ -87,7 +87,7 @@ def test_nri_and_cdi_patches(containerd: str) -> None:
     cri = merged["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["enable_cdi"] is True
     # `mokka cdi generate` writes to /var/run/cdi by default.
-    from nri_mokka.cli import node as cli_node
+    from mokka.cli import node as cli_node
 
     default_output = next(p.default for p in cli_node.cdi_generate.params if p.name == "out_dir")
     assert str(default_output) in cri["cdi_spec_dirs"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import Staged
 
-from nri_mokka import native, state
+from gpumodel import native, state
 
 REPO = Path(__file__).resolve().parent.parent
 NATIVE = REPO / "native"
@@ -215,13 +215,14 @@ def test_fuzz_state_loader(tmp_path: Path, stage: Callable[..., Staged]) -> None
 
 
 def test_profile_limits_match_the_layout() -> None:
-    from nri_mokka import profile
+    from gpumodel import profile
 
     assert state.const("MOKKA_MAX_GPUS") == profile.MAX_GPUS
     assert state.const("MOKKA_MAX_GFX_CLOCKS") == profile.MAX_GRAPHICS_CLOCKS
 
 
 def test_cli_gpu_limit_matches_the_profile_model() -> None:
-    from nri_mokka import cli, profile
+    from gpumodel import profile
+    from mokka.cli import root as cli
 
     assert cli.MAX_GPUS == profile.MAX_GPUS

@@ -21,7 +21,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from nri_mokka import nodeinfo, profile
+from gpumodel import profile
+from k8snode import nodeinfo
 
 kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client (pip install kubernetes)")
 

@@ -240,7 +240,7 @@ def test_processes_from_the_profile(smi: Smi, tmp_path: Path) -> None:
     import yaml
     from conftest import Staged as StagedRoot
 
-    from nri_mokka import driver_root, profile
+    from gpumodel import driver_root, profile
 
     data = yaml.safe_load((Path(profile.__file__).parent / "profiles" / "h100.yaml").read_text())
     data["name"] = "busy"
@@ -269,7 +269,7 @@ def test_lost_gpu_as_nvidia_smi_reports_it(smi: Smi, tmp_path: Path) -> None:
     import yaml
     from conftest import Staged as StagedRoot
 
-    from nri_mokka import driver_root, profile
+    from gpumodel import driver_root, profile
 
     data = yaml.safe_load((Path(profile.__file__).parent / "profiles" / "h100.yaml").read_text())
     data.update(name="lost", gpu_count=2, gpus={1: {"lost": True}})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_mokka import nvidia_smi
+from testbed import nvidia_smi
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -21,7 +21,7 @@ def test_pip_install_builds_and_ships_the_native_libraries(tmp_path: Path) -> No
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     res = subprocess.run([str(venv / "bin/pip"), "install", "-q", str(src)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
-    bundled = list(venv.glob("lib/python3*/site-packages/nri_mokka/_native"))
+    bundled = list(venv.glob("lib/python3*/site-packages/gpumodel/_native"))
     assert bundled and {p.name for p in bundled[0].iterdir()} >= {
         "libnvidia-ml.so",
         "libmokka-sysfs.so",

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from gpumodel import edits, nodelayout, profile
 from hostsetup import node
-from nri_mokka import edits, plugin, profile
+from nri_mokka import plugin
 from nri_mokka.nri.stub import PluginError, Stub, api
 
 
@@ -39,7 +40,7 @@ def create(p: plugin.MokkaPlugin, pd: api.PodSandbox, c: api.Container) -> api.C
 def test_default_adjustment(root: Path) -> None:
     adj = create(plugin.MokkaPlugin(root), pod(), container())
     assert adj is not None
-    layout = edits.NodeLayout.load(root)
+    layout = nodelayout.NodeLayout.load(root)
     expected = edits.container_edits(layout, layout.gpus)
     assert {(e.key, e.value) for e in adj.env} == set(expected.env_dict().items())
     assert [d.path for d in adj.linux.devices] == [n.path for n in expected.device_nodes]
@@ -54,7 +55,7 @@ def test_existing_ld_preload_is_kept(root: Path) -> None:
     adj = create(plugin.MokkaPlugin(root), pod(), container(env=["LD_PRELOAD=/opt/libfoo.so"]))
     assert adj is not None
     preload = {e.key: e.value for e in adj.env}.get("LD_PRELOAD")
-    if edits.NodeLayout.load(root).sysfs_shim:
+    if nodelayout.NodeLayout.load(root).sysfs_shim:
         assert preload == f"{edits.SHIM_IN_CONTAINER}:/opt/libfoo.so"
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nri_mokka import profile, state
+from gpumodel import profile, state
 
 BUILTINS = ["a100", "b200", "gb200", "gb300", "h100", "h200", "l40s", "t4"]
 
 
 def mokka(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nri_mokka.cli", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "mokka.cli", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def test_every_builtin_is_present() -> None:

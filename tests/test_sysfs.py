@@ -19,9 +19,9 @@ import pytest
 from conftest import Staged
 from test_profile import BUILTINS
 
+from gpumodel import profile as profiles
+from gpumodel.profile import Device, Profile
 from hostsetup import sysfs
-from nri_mokka import profile as profiles
-from nri_mokka.profile import Device, Profile
 
 REPO = Path(__file__).resolve().parent.parent
 CAPTURE = REPO / "tests" / "captures" / "h200"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import GPUS_OPTION, load_profile, main
+from .root import GPUS_OPTION, load_profile, main
 
 
 @main.group()
@@ -25,7 +25,7 @@ def bench() -> None:
 @click.option("--calls", default=1_000_000, show_default=True, help="Calls per getter.")
 def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int) -> None:
     """The mock library: ns per call, nvmlInit time, nvidia-smi wall time and RSS, size."""
-    from .. import bench as benchmarks
+    from testbed import bench as benchmarks
 
     p = load_profile(profile_name, gpus if gpus is not None else 8)
     benchmarks.run(p, smi, calls)
@@ -38,7 +38,7 @@ def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int)
 @click.option("--restarts", default=10, show_default=True, help="containerd restarts to time re-registration.")
 def bench_nri(version: str, rounds: int, creates: int, restarts: int) -> None:
     """The NRI plugin on a private containerd (root): CreateContainer cost, CPU, RSS, re-registration."""
-    from .. import bench as benchmarks
+    from testbed import bench as benchmarks
 
     benchmarks.nri(version, rounds, creates, restarts)
 
@@ -48,6 +48,6 @@ def bench_nri(version: str, rounds: int, creates: int, restarts: int) -> None:
 @click.option("--rounds", default=5, show_default=True)
 def bench_host_setup(profile_name: str, rounds: int) -> None:
     """`mokka host setup` wall time for 8 and 64 GPUs (fresh root each round, then cleanup)."""
-    from .. import bench as benchmarks
+    from testbed import bench as benchmarks
 
     benchmarks.host_setup(profile_name, rounds)

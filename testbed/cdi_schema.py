@@ -1,6 +1,6 @@
 """The official CDI JSON schema, from Debian trixie's ``golang-tags.cncf-container-device-interface-dev``.
 
-Fetched with :mod:`nri_mokka.debcache` and unpacked once into the private cache; never vendored.
+Fetched with :mod:`testbed.debcache` and unpacked once into the private cache; never vendored.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from nri_mokka import debcache
+from testbed import debcache
 
 SUITE = "trixie"
 PACKAGE = "golang-tags.cncf-container-device-interface-dev"

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from .. import nvidia_smi
-from . import GPUS_OPTION, MAX_GPUS, fail, load_profile, main
+from .root import GPUS_OPTION, MAX_GPUS, fail, load_profile, main
 
 
 @main.command("exec", context_settings={"ignore_unknown_options": True})
@@ -18,7 +17,6 @@ from . import GPUS_OPTION, MAX_GPUS, fail, load_profile, main
 @GPUS_OPTION
 @click.option(
     "--smi-version",
-    type=click.Choice(sorted(nvidia_smi.SUITES)),
     default="550",
     show_default=True,
     help="Debian nvidia-smi to use when the command is `nvidia-smi` and none is installed.",
@@ -36,8 +34,11 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
     import subprocess
     import tempfile
 
-    from .. import driver_root
+    from gpumodel import driver_root
+    from testbed import nvidia_smi
 
+    if smi_version not in nvidia_smi.SUITES:
+        fail(f"--smi-version {smi_version}: Debian ships nvidia-smi {', '.join(sorted(nvidia_smi.SUITES))}")
     p = load_profile(profile_name, gpus)
     argv = list(command)
     if argv[0] == "nvidia-smi" and not shutil.which("nvidia-smi"):
@@ -79,7 +80,7 @@ def demo_cmd(profile_name: str, gpus: int, version: str | None, keep: bool, stop
     """
     import logging
 
-    from .. import demo
+    from testbed import demo
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if stop_:
@@ -152,7 +153,7 @@ def nri_plugin(
     import asyncio
     import logging
 
-    from .. import decision, plugin
+    from nri_mokka import decision, plugin
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

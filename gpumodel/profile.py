@@ -425,7 +425,7 @@ def format_errors(exc: ValidationError, source: str) -> str:
 
 
 def builtin_names() -> list[str]:
-    folder = resources.files("nri_mokka") / "profiles"
+    folder = resources.files("gpumodel") / "profiles"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
@@ -448,7 +448,7 @@ def load(name_or_path: str | Path) -> Profile:
     """A built-in profile by name, or a user profile from a YAML file."""
     text_name = str(name_or_path)
     if text_name in builtin_names():
-        res = resources.files("nri_mokka") / "profiles" / f"{text_name}.yaml"
+        res = resources.files("gpumodel") / "profiles" / f"{text_name}.yaml"
         return load_text(res.read_text(), f"built-in profile {text_name}")
     path = Path(text_name)
     if not path.exists():

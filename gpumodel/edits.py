@@ -8,10 +8,10 @@ drift apart.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .nodelayout import GpuNode, NodeLayout
 
 READ_ONLY = ("ro", "nosuid", "nodev", "bind")
 
@@ -57,63 +57,6 @@ class ContainerEdits:
 
     def without_devices(self) -> ContainerEdits:
         return ContainerEdits(env=self.env, device_nodes=(), mounts=self.mounts)
-
-
-@dataclass(frozen=True)
-class GpuNode:
-    index: int
-    uuid: str
-    bus_id: str
-    minor: int
-
-
-@dataclass(frozen=True)
-class NodeLayout:
-    """Where host setup staged the mock node; written as ``<root>/node.json``."""
-
-    root: str
-    profile: str
-    driver_version: str
-    libdir: str  # host directory holding libnvidia-ml.so.<version> and its links
-    state: str  # host path of the state file
-    dev_root: str  # host directory holding the staged device nodes
-    gpu_major: int
-    uvm_major: int
-    gpus: tuple[GpuNode, ...]
-    nvidia_smi: str | None = None  # staged nvidia-smi binary, when the user provided one
-    sysfs_shim: str | None = None  # LD_PRELOAD library redirecting /sys and /proc lookups
-    extra: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> NodeLayout:
-        data = json.loads(text)
-        data["gpus"] = tuple(GpuNode(**g) for g in data["gpus"])
-        return cls(**data)
-
-    @classmethod
-    def load(cls, root: Path) -> NodeLayout:
-        return cls.from_json((root / "node.json").read_text())
-
-    def select(self, wanted: Iterable[str]) -> list[GpuNode]:
-        """GPUs by index or UUID ("all" for every GPU); unknown names raise KeyError."""
-        wanted = list(wanted)
-        if wanted == ["all"]:
-            return list(self.gpus)
-        chosen: list[GpuNode] = []
-        for name in wanted:
-            match = [g for g in self.gpus if str(g.index) == name or g.uuid == name]
-            if not match:
-                raise KeyError(name)
-            if match[0] not in chosen:
-                chosen.append(match[0])
-        return sorted(chosen, key=lambda g: g.index)
-
-    @property
-    def library(self) -> str:
-        return f"{self.libdir}/libnvidia-ml.so.{self.driver_version}"
 
 
 def control_nodes(layout: NodeLayout) -> list[DeviceNode]:

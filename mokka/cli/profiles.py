@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 import yaml
 
-from . import GPUS_OPTION, fail, load_profile, main
+from .root import GPUS_OPTION, fail, load_profile, main
 
 
 @main.group()
@@ -20,7 +20,7 @@ def profile() -> None:
 @profile.command("list")
 def profile_list() -> None:
     """List the built-in profiles."""
-    from .. import profile as profiles
+    from gpumodel import profile as profiles
 
     rows = []
     for name in profiles.builtin_names():
@@ -67,14 +67,14 @@ def profile_show(name_or_file: str, gpus: int | None, fmt: str, resolved: bool) 
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 def profile_validate(files: tuple[str, ...]) -> None:
     """Validate profile FILES; print each problem with its field path."""
-    from .. import profile as profiles
-    from ..state import StateError
+    from gpumodel import profile as profiles
+    from gpumodel.state import StateError
 
     bad = 0
     for file in files:
         try:
             p = profiles.load(Path(file))
-            from ..state import compile_profile
+            from gpumodel.state import compile_profile
 
             compile_profile(p)
         except (profiles.ProfileError, StateError) as exc:
@@ -96,9 +96,9 @@ def driver_root_cmd(profile_name: str, gpus: int | None, out: Path) -> None:
     Afterwards any NVML consumer run with LD_LIBRARY_PATH=OUT/usr/lib64 sees the
     profile's GPUs, e.g. `LD_LIBRARY_PATH=OUT/usr/lib64 nvidia-smi`.
     """
-    from .. import driver_root
-    from ..native import NativeMissing
-    from ..state import StateError
+    from gpumodel import driver_root
+    from gpumodel.native import NativeMissing
+    from gpumodel.state import StateError
 
     p = load_profile(profile_name, gpus)
     try:

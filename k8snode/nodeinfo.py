@@ -1,6 +1,6 @@
 """How a mock node presents itself to the cluster: node labels, NFD features, FGO profiles.
 
-Three views of one validated :class:`~nri_mokka.profile.Profile`, each a pure function:
+Three views of one validated :class:`~gpumodel.profile.Profile`, each a pure function:
 
 - :func:`gfd_labels` — the labels GPU Feature Discovery would set on a node with these
   GPUs (``nvidia.com/gpu.product``, ``.count``, ``.memory`` in MiB, ``.family``, the
@@ -16,7 +16,7 @@ Three views of one validated :class:`~nri_mokka.profile.Profile`, each a pure fu
 label was before, in the annotation :data:`ANNOTATION`; :meth:`NodeIdentity.remove` undoes
 exactly that — a label changed by someone else since is left alone.
 
-``python -m nri_mokka.nodeinfo apply|remove|show`` is the in-cluster entry point the Helm
+``python3 -m k8snode.nodeinfo apply|remove|show`` is the in-cluster entry point the Helm
 chart's DaemonSet runs.
 """
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .profile import MIB, Profile
+from gpumodel.profile import MIB, Profile
 
 LABEL_DOMAIN = "nvidia.com"
 ANNOTATION = "mokka.io/node-identity"
@@ -518,7 +518,7 @@ def _describe(exc: Exception) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nri_mokka.nodeinfo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m k8snode.nodeinfo", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("apply", "remove", "show"):
         p = sub.add_parser(name)
@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--nfd-dir", type=Path, default=NFD_FEATURES_DIR, help="NFD features.d directory")
             p.add_argument("--no-nfd", action="store_true", help="do not write/remove the NFD feature file")
     args = parser.parse_args(argv)
-    from . import profile as profiles
+    from gpumodel import profile as profiles
 
     try:
         prof = profiles.load(args.profile).with_count(args.gpus) if args.command != "remove" else None

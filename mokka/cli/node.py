@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from . import GPUS_OPTION, fail, load_profile, main
+from .root import GPUS_OPTION, fail, load_profile, main
 
 
 @main.group()
@@ -218,16 +218,17 @@ def cdi() -> None:
 def cdi_generate(root: Path, out_dir: Path, kind: str, validate: bool, to_stdout: bool) -> None:
     """Write the CDI spec: devices by index, by UUID and `all`, edits from the node layout."""
     import cdi as cdi_pkg
-    from nri_mokka import edits
+    from gpumodel import nodelayout
+    from testbed import cdi_schema
 
     try:
-        layout = edits.NodeLayout.load(root)
+        layout = nodelayout.NodeLayout.load(root)
     except FileNotFoundError:
         fail(f"{root}/node.json not found: run `mokka host setup --root {root}` first")
     try:
         spec = cdi_pkg.render(layout, kind=kind)
         if validate:
-            cdi_pkg.validate(spec, cdi_pkg.fetch_schema())
+            cdi_pkg.validate(spec, cdi_schema.fetch_schema())
     except cdi_pkg.CdiError as exc:
         fail(str(exc))
     if to_stdout:

@@ -1,8 +1,4 @@
-"""The ``mokka`` command line: the root group and what its commands share.
-
-Each command group lives in a module of its own (``profiles``, ``node``, ``run``, ``bench``);
-importing this package registers them all.
-"""
+"""The root ``mokka`` group and what its commands share (errors, profile loading, options)."""
 
 from __future__ import annotations
 
@@ -11,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .. import __version__
+from mokka import __version__
 
 if TYPE_CHECKING:
-    from ..profile import Profile
+    from gpumodel.profile import Profile
 
 # Heavy modules (pydantic, cffi) are imported inside the commands that need them, so the
 # long-running `mokka nri-plugin` stays small. MAX_GPUS mirrors profile.MAX_GPUS (a test checks).
@@ -27,7 +23,7 @@ def fail(message: str, code: int = 1) -> None:
 
 
 def load_profile(name_or_file: str, gpus: int | None) -> Profile:
-    from .. import profile
+    from gpumodel import profile
 
     try:
         return profile.load(name_or_file).with_count(gpus)
@@ -53,6 +49,3 @@ def main() -> None:
     local use; `host setup`, `cdi generate`, `containerd-config install` and `nri-plugin`
     make a node serve mock GPUs to its containers.
     """
-
-
-from . import bench, node, profiles, run  # noqa: E402,F401 - register the command groups

@@ -23,7 +23,9 @@ from typing import TypeVar
 
 import click
 
-from . import containerd_dist, debcache, edits, nvidia_smi, sandbox
+from gpumodel import edits, nodelayout
+
+from . import containerd_dist, debcache, nvidia_smi, sandbox
 from .plugin_process import PluginProcess
 
 T = TypeVar("T")
@@ -143,9 +145,8 @@ def _machine_containerd() -> tuple[Path, str] | None:
 
 def run(opts: Options) -> int:
     """Run the demo; return the container's exit status."""
+    from gpumodel.profile import ProfileError, load
     from hostsetup import node
-
-    from .profile import ProfileError, load
 
     try:
         prof = load(opts.profile).with_count(opts.gpus)
@@ -181,7 +182,7 @@ def run(opts: Options) -> int:
             base.mkdir(parents=True, exist_ok=True)
             node.apply(node.plan(prof, node.Options(root=node_root, nvidia_smi=smi)))
             staged = True
-            layout = edits.NodeLayout.load(node_root)
+            layout = nodelayout.NodeLayout.load(node_root)
             note(f"{len(layout.gpus)} GPUs, device major {layout.gpu_major}")
         with progress.step("workload image (glibc + busybox, nothing NVIDIA)"):
             needs = [smi, Path(layout.library)] + ([Path(layout.sysfs_shim)] if layout.sysfs_shim else [])

@@ -1,7 +1,7 @@
 """Where the native artifacts are: the state header and the built shared libraries.
 
 In a source checkout (editable install) they are in ``native/`` and ``native/build/``;
-an installed wheel carries copies in ``nri_mokka/_native/`` made by the build.
+an installed wheel carries copies in ``gpumodel/_native/`` made by the build.
 """
 
 from __future__ import annotations

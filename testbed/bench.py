@@ -18,9 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import driver_root, nvidia_smi
-from .native import library_path
-from .profile import Profile
+from gpumodel import driver_root
+from gpumodel.native import library_path
+from gpumodel.profile import Profile
+
+from . import nvidia_smi
 
 NATIVE = Path(__file__).resolve().parent.parent / "native"
 TARGETS = {"call_ns": 30.0, "init_us": 100.0, "rss_overhead_mb": 0.5, "library_mb": 1.0}
@@ -118,9 +120,8 @@ def smi_rows(
 
 def host_setup(profile_name: str, rounds: int) -> None:
     """Median wall time of plan + apply for 8 and 64 GPUs, against the targets (1 s, 3 s)."""
+    from gpumodel.profile import load
     from hostsetup import node
-
-    from .profile import load
 
     print(f"{'host setup':<28}{'median s':>10}{'max s':>8}{'target s':>10}{'ratio':>8}")
     for count, target in ((8, 1.0), (64, 3.0)):
@@ -149,11 +150,11 @@ def nri(version: str, rounds: int, per_round: int, restarts: int) -> None:
 
     import psutil
 
+    from gpumodel.profile import load
     from hostsetup import node
 
     from . import sandbox
     from .plugin_process import PluginProcess
-    from .profile import load
 
     shm = Path("/dev/shm")
     tmp = Path(tempfile.mkdtemp(prefix="mkb-", dir=shm if shm.is_dir() else None))  # tmpfs steadies the disk

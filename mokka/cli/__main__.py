@@ -1,0 +1,5 @@
+"""`python -m mokka.cli`."""
+
+from . import main
+
+main()

@@ -1,5 +1,0 @@
-"""`python -m nri_mokka.cli`."""
-
-from . import main
-
-main()
