@@ -32,7 +32,7 @@ class PluginProcess:
             [
                 sys.executable,
                 "-m",
-                "nri_mokka.cli",
+                "mokka.cli",
                 "nri-plugin",
                 "--socket",
                 str(nri_socket),

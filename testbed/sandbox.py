@@ -215,7 +215,7 @@ def oci_archive(
         "os": "linux",
         "config": {"Env": list(env), "Cmd": list(cmd), "WorkingDir": "/"},
         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
-        "history": [{"created_by": "nri_mokka.sandbox.oci_archive", "comment": str(rootfs)}],
+        "history": [{"created_by": "testbed.sandbox.oci_archive", "comment": str(rootfs)}],
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
