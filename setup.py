@@ -9,7 +9,13 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-ARTIFACTS = ["build/libnvidia-ml.so", "build/libmokka-sysfs.so", "mokka_state.h"]
+ARTIFACTS = [
+    "build/libnvidia-ml.so",
+    "build/libcuda.so",
+    "build/libmokka-state.so",
+    "build/libmokka-sysfs.so",
+    "mokka_state.h",
+]
 
 
 class BuildWithNative(build_py):

@@ -1,12 +1,14 @@
-"""Stage a driver root: the mock libnvidia-ml and its compiled state, ready for
-``LD_LIBRARY_PATH=DIR/usr/lib64`` or for bind mounts into containers.
+"""Stage a driver root: the mock libnvidia-ml carrying the compiled state, and the mock
+libcuda beside it, ready for ``LD_LIBRARY_PATH=DIR/usr/lib64`` or for bind mounts into
+containers. The state travels inside ``libnvidia-ml.so.<version>`` (see
+native/mokka_state.h), so a container that gets only that file still sees the node::
 
-Layout (the library finds its state relative to itself, ``<libdir>/mokka/state.bin``)::
-
-    DIR/usr/lib64/libnvidia-ml.so.<driver version>
+    DIR/usr/lib64/libnvidia-ml.so.<driver version>     ELF image + state region + trailer
     DIR/usr/lib64/libnvidia-ml.so.1 -> libnvidia-ml.so.<driver version>
     DIR/usr/lib64/libnvidia-ml.so   -> libnvidia-ml.so.1
-    DIR/usr/lib64/mokka/state.bin
+    DIR/usr/lib64/libcuda.so.<driver version>          answers from the same state
+    DIR/usr/lib64/libcuda.so.1 -> libcuda.so.<driver version>
+    DIR/usr/lib64/libcuda.so   -> libcuda.so.1
 """
 
 from __future__ import annotations
@@ -15,38 +17,92 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import atomic, state
-from .native import library_path
+from .native import CUDA_LIBRARY, NVML_LIBRARY, library_path
 from .profile import Profile
 
 LIBDIR = Path("usr/lib64")
-STATE_RELATIVE = Path("mokka/state.bin")
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """One file of a driver root, relative to the library directory."""
+
+    name: str
+    data: bytes
+    mode: int
+    live: bool = False  # carries the state: refresh in place when possible, never replace blindly
+
+
+@dataclass(frozen=True)
+class Contents:
+    """What a driver root holds for one profile: files, then links (name -> target)."""
+
+    files: tuple[StagedFile, ...]
+    links: tuple[tuple[str, str], ...]
+    region: bytes  # the compiled state the NVML library carries
+    library: bytes  # that library's ELF image, without the state
+
+
+def contents(profile: Profile) -> Contents:
+    """Everything a driver root holds for ``profile``, computed before anything is written
+    (a profile that cannot be compiled raises here, StateError or NativeMissing)."""
+    region = state.compile_profile(profile)
+    nvml = library_path(NVML_LIBRARY).read_bytes()
+    cuda = library_path(CUDA_LIBRARY).read_bytes()
+    version = profile.driver.version
+    files = (
+        StagedFile(f"libnvidia-ml.so.{version}", state.embed(nvml, region), 0o755, live=True),
+        StagedFile(f"libcuda.so.{version}", cuda, 0o755),
+    )
+    links = (
+        ("libnvidia-ml.so.1", f"libnvidia-ml.so.{version}"),
+        ("libnvidia-ml.so", "libnvidia-ml.so.1"),
+        ("libcuda.so.1", f"libcuda.so.{version}"),
+        ("libcuda.so", "libcuda.so.1"),
+    )
+    return Contents(files=files, links=links, region=region, library=nvml)
+
+
+def refreshed_in_place(c: Contents, target: Path) -> bool:
+    """Whether ``target`` (the staged libnvidia-ml) was this build of the library with a state
+    of the same layout, now rewritten in place under the writer lock: running processes
+    and bind mounts keep their inode and see the new state on their next call."""
+    return state.refresh_library(target, c.library, c.region)
 
 
 @dataclass(frozen=True)
 class DriverRoot:
     root: Path
-    library: Path
-    state: Path
+    library: Path  # libnvidia-ml.so.<version>: also the file that carries the state
+    cuda: Path
 
     @property
     def libdir(self) -> Path:
         return self.library.parent
+
+    @property
+    def state(self) -> Path:
+        """The file carrying the state (the library itself): for MOKKA_STATE and state.update."""
+        return self.library
 
 
 def stage(profile: Profile, out: Path) -> DriverRoot:
     """Write (or refresh) a driver root for ``profile`` under ``out``.
 
     The state is compiled before anything is written, so a profile that cannot be
-    compiled leaves ``out`` untouched.
-    """
-    data = state.compile_profile(profile)
-    lib_src = library_path()
+    compiled leaves ``out`` untouched. A library staged before by the same Mokka keeps its
+    inode: its state is refreshed in place."""
+    c = contents(profile)
     libdir = out / LIBDIR
     libdir.mkdir(parents=True, exist_ok=True)
-    versioned = libdir / f"libnvidia-ml.so.{profile.driver.version}"
-    atomic.write(versioned, lib_src.read_bytes(), 0o755)
-    atomic.symlink(libdir / "libnvidia-ml.so.1", versioned.name)
-    atomic.symlink(libdir / "libnvidia-ml.so", "libnvidia-ml.so.1")
-    state_file = libdir / STATE_RELATIVE
-    state.write_new(state_file, data)
-    return DriverRoot(root=out, library=versioned, state=state_file)
+    for f in c.files:
+        target = libdir / f.name
+        if f.live and refreshed_in_place(c, target):
+            continue
+        if not f.live and target.is_file() and target.read_bytes() == f.data:
+            continue
+        atomic.write(target, f.data, f.mode)
+    for name, target_name in c.links:
+        atomic.symlink(libdir / name, target_name)
+    version = profile.driver.version
+    return DriverRoot(root=out, library=libdir / f"libnvidia-ml.so.{version}", cuda=libdir / f"libcuda.so.{version}")

@@ -22,7 +22,6 @@ READ_ONLY = ("ro", "nosuid", "nodev", "bind")
 REAL_MAJORS = {"gpu": 195, "uvm": 510}
 SAFE_MAJORS = {"gpu": 120, "uvm": 121}
 
-STATE_IN_CONTAINER = "/run/mokka/state.bin"
 LIBDIR_IN_CONTAINER = "/usr/lib/x86_64-linux-gnu"
 SMI_IN_CONTAINER = "/usr/bin/nvidia-smi"
 SHIM_IN_CONTAINER = "/usr/lib/mokka/libmokka-sysfs.so"
@@ -74,17 +73,22 @@ def gpu_node(layout: NodeLayout, gpu: GpuNode) -> DeviceNode:
 
 
 def common_edits(layout: NodeLayout) -> ContainerEdits:
-    """What every GPU container gets, whichever GPUs: control nodes, libraries, env."""
+    """What every GPU container gets, whichever GPUs: control nodes, libraries, env.
+
+    The library carries the node's state inside its own file, so mounting it is all a
+    container needs to see the node (and its live changes)."""
     version = layout.driver_version
     lib = layout.library
     mounts = [
         Mount(lib, f"{LIBDIR_IN_CONTAINER}/libnvidia-ml.so.{version}"),
         Mount(lib, f"{LIBDIR_IN_CONTAINER}/libnvidia-ml.so.1"),
-        Mount(layout.state, STATE_IN_CONTAINER),
     ]
+    if layout.cuda_library:
+        mounts.append(Mount(layout.cuda_library, f"{LIBDIR_IN_CONTAINER}/libcuda.so.{version}"))
+        mounts.append(Mount(layout.cuda_library, f"{LIBDIR_IN_CONTAINER}/libcuda.so.1"))
     if layout.nvidia_smi:
         mounts.append(Mount(layout.nvidia_smi, SMI_IN_CONTAINER))
-    env = [f"MOKKA_STATE={STATE_IN_CONTAINER}"]
+    env: list[str] = []
     if layout.sysfs_shim:
         # C tools (lspci, nvidia-smi topo's hwloc) read PCI sysfs and /proc/driver/nvidia;
         # the shim redirects those lookups into the staged trees.

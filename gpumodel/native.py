@@ -13,6 +13,8 @@ _CHECKOUT = _PACKAGE.parent / "native"
 _BUNDLED = _PACKAGE / "_native"
 
 NVML_LIBRARY = "libnvidia-ml.so"
+CUDA_LIBRARY = "libcuda.so"
+STATE_WRITER = "libmokka-state.so"  # the live-state writer gpumodel.state loads
 SYSFS_SHIM = "libmokka-sysfs.so"
 
 

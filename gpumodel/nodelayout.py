@@ -28,13 +28,14 @@ class NodeLayout:
     profile: str
     driver_version: str
     libdir: str  # host directory holding libnvidia-ml.so.<version> and its links
-    state: str  # host path of the state file
+    state: str  # host path of the file carrying the state (the staged libnvidia-ml itself)
     dev_root: str  # host directory holding the staged device nodes
     gpu_major: int
     uvm_major: int
     gpus: tuple[GpuNode, ...]
     nvidia_smi: str | None = None  # staged nvidia-smi binary, when the user provided one
     sysfs_shim: str | None = None  # LD_PRELOAD library redirecting /sys and /proc lookups
+    cuda_library: str | None = None  # staged libcuda.so.<version> (None: staged by an older Mokka)
     extra: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:

@@ -1,12 +1,15 @@
-"""Compile a validated profile into the binary state file the native library maps.
+"""Compile a validated profile into the binary state the native libraries map, and write
+it: into a library file (how Mokka stages it) or a state file of its own.
 
 The layout comes from ``native/mokka_state.h`` through cffi (ABI mode: cffi computes the
-same offsets the C compiler does), so the file has one definition. Writes into an
-existing file happen in place under the header's seqlock; a new file is written whole.
+same offsets the C compiler does), so the state has one definition. Live changes go
+through one writer path: the file's flock, then native/writer/'s latch publish, in place
+(never by rename: a bind mount pins the inode).
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import mmap
 import os
@@ -20,7 +23,7 @@ from typing import Any
 import cffi
 
 from . import atomic
-from .native import header_path
+from .native import STATE_WRITER, header_path, library_path
 from .profile import MIB, Architecture, Brand, Device, Profile
 
 COMPUTE_MODES = {"Default": 0, "Exclusive_Thread": 1, "Prohibited": 2, "Exclusive_Process": 3}
@@ -95,6 +98,20 @@ def _cpu_mask(device: Device, profile: Profile) -> list[int]:
     return words
 
 
+# CUDA cores per SM by compute capability (NVIDIA's CUDA Programming Guide): 64 on Turing
+# (7.5) and GA100 (8.0), 128 from GA10x (8.6) on. Boards whose profile has no core count
+# (the captures say N/A) get their SM count from NVIDIA's published figures.
+CORES_PER_SM = {"7.5": 64, "8.0": 64}
+SM_COUNT_BY_CC = {"10.0": 148, "10.3": 160}  # B200/GB200 (2 x 74 SMs), Blackwell Ultra
+
+
+def multiprocessors(compute_capability: str, cuda_cores: int | None) -> int:
+    """The SM count CUDA reports (cuDeviceGetAttribute MULTIPROCESSOR_COUNT)."""
+    if cuda_cores:
+        return cuda_cores // CORES_PER_SM.get(compute_capability, 128)
+    return SM_COUNT_BY_CC.get(compute_capability, 0)
+
+
 def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
     """Write one GPU record from a concrete device."""
     s = device.spec
@@ -143,6 +160,7 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
         flags |= const("MOKKA_GPU_TLIMIT")
     g.flags = flags
     g.num_cores = _opt(s.cuda_cores)
+    g.multiprocessor_count = multiprocessors(s.compute_capability, s.cuda_cores)
     g.memory_bus_width = _opt(s.memory.bus_width)
 
     p = s.pci
@@ -267,45 +285,106 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
         _put_str(g.procs[i].name, proc.name)
 
 
+def region_size(gpu_count: int) -> int:
+    """Bytes of a state region for ``gpu_count`` GPUs: the header and two copies."""
+    return int(ffi().sizeof("mokka_header_t")) + 2 * _copy_size(gpu_count)
+
+
+def _copy_size(gpu_count: int) -> int:
+    f = ffi()
+    return int(f.sizeof("mokka_node_t")) + gpu_count * int(f.sizeof("mokka_gpu_t"))
+
+
 def compile_profile(profile: Profile) -> bytes:
-    """The whole state file for a profile, as bytes."""
+    """The state region for a profile (header and both copies), as bytes."""
     f = ffi()
     devices = profile.devices()
-    hsize, gsize = f.sizeof("mokka_header_t"), f.sizeof("mokka_gpu_t")
-    buf = f.new("char[]", hsize + gsize * len(devices))
+    hsize = f.sizeof("mokka_header_t")
+    copy = _copy_size(len(devices))
+    buf = f.new("char[]", hsize + 2 * copy)
     h = f.cast("mokka_header_t *", buf)
     h.magic = const("MOKKA_STATE_MAGIC")
     h.version = const("MOKKA_STATE_VERSION")
     h.header_size = hsize
-    h.gpu_size = gsize
+    h.node_size = f.sizeof("mokka_node_t")
+    h.gpu_size = f.sizeof("mokka_gpu_t")
     h.gpu_count = len(devices)
     h.seq = 0
-    h.generation = 1
     _put_str(h.driver_version, profile.driver.version)
     major = profile.driver.cuda.split(".")[0]
     _put_str(h.nvml_version, f"{major}.{profile.driver.version}")
     h.cuda_version = profile.driver.cuda_int
     _put_str(h.profile, profile.name)
-    gpus = f.cast("mokka_gpu_t *", buf + hsize)
+    node = f.cast("mokka_node_t *", buf + hsize)
+    node.generation = 0
+    gpus = f.cast("mokka_gpu_t *", buf + hsize + f.sizeof("mokka_node_t"))
     for i, device in enumerate(devices):
         try:
             fill_gpu(gpus[i], device, profile)
         except ValueError as exc:
             raise StateError(f"profile {profile.name}, GPU {i}: {exc}") from None
+    f.memmove(buf + hsize + copy, buf + hsize, copy)  # both copies start equal
     return bytes(f.buffer(buf))
 
 
-def write_new(path: Path, data: bytes) -> None:
-    """Create or replace a state file atomically (write a temporary file, fsync, rename).
+# ---- where the region lives: a state file, or inside a library file ------------------
+
+
+def embed(library: bytes, region: bytes) -> bytes:
+    """A library file that carries ``region``: the ELF image, zero padding to a multiple of
+    MOKKA_STATE_ALIGN, the region, and the trailer the library finds it by."""
+    align = const("MOKKA_STATE_ALIGN")
+    offset = -(-len(library) // align) * align
+    f = ffi()
+    trailer = f.new("mokka_trailer_t *")
+    trailer.state_offset = offset
+    trailer.state_size = len(region)
+    trailer.magic = const("MOKKA_TRAILER_MAGIC")
+    return library + bytes(offset - len(library)) + region + bytes(f.buffer(trailer))
+
+
+def locate(fd: int, source: str) -> tuple[int, int]:
+    """(offset, size) of the state region in an open file: from byte 0 of a state file, or
+    where the trailer of a library file carrying one says."""
+    size = os.fstat(fd).st_size
+    f = ffi()
+    if size >= 8 and int.from_bytes(os.pread(fd, 8, 0), "little") == const("MOKKA_STATE_MAGIC"):
+        return 0, size
+    tsize = f.sizeof("mokka_trailer_t")
+    if size >= tsize:
+        raw = os.pread(fd, tsize, size - tsize)
+        trailer = f.cast("mokka_trailer_t *", f.from_buffer(raw))
+        if trailer.magic == const("MOKKA_TRAILER_MAGIC"):
+            offset, length = int(trailer.state_offset), int(trailer.state_size)
+            if offset % const("MOKKA_STATE_ALIGN") or offset + length > size - tsize:
+                raise StateError(f"{source}: truncated or corrupt (the trailer points outside the file)")
+            return offset, length
+    if size < f.sizeof("mokka_header_t"):
+        raise StateError(f"{source}: truncated ({size} bytes, header needs {f.sizeof('mokka_header_t')})")
+    raise StateError(f"{source}: not a Mokka state file (bad magic), nor a library carrying one")
+
+
+def read(path: Path) -> bytes:
+    """The state region of a state file or of a library carrying one."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        offset, size = locate(fd, str(path))
+        return os.pread(fd, size, offset)
+    finally:
+        os.close(fd)
+
+
+def write_new(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Create or replace a file atomically (write a temporary file, fsync, rename).
 
     Only for files nobody has mapped yet; live changes go through :func:`update`.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write(path, data, 0o644)
+    atomic.write(path, data, mode)
 
 
 def check(data: bytes | bytearray | mmap.mmap, source: str = "state") -> tuple[int, int, int]:
-    """Validate a state image; return (header size, gpu size, gpu count)."""
+    """Validate a state region; return (header size, gpu size, gpu count)."""
     f = ffi()
     hsize = f.sizeof("mokka_header_t")
     if len(data) < hsize:
@@ -313,46 +392,137 @@ def check(data: bytes | bytearray | mmap.mmap, source: str = "state") -> tuple[i
     h = f.cast("mokka_header_t *", f.from_buffer(data))
     if h.magic != const("MOKKA_STATE_MAGIC"):
         raise StateError(f"{source}: not a Mokka state file (bad magic)")
-    if h.version != const("MOKKA_STATE_VERSION") or h.header_size != hsize or h.gpu_size != f.sizeof("mokka_gpu_t"):
+    if (
+        h.version != const("MOKKA_STATE_VERSION")
+        or h.header_size != hsize
+        or h.node_size != f.sizeof("mokka_node_t")
+        or h.gpu_size != f.sizeof("mokka_gpu_t")
+    ):
         raise StateError(
             f"{source}: written for another state layout (version {h.version}, record sizes "
-            f"{h.header_size}/{h.gpu_size}); regenerate it with this Mokka"
+            f"{h.header_size}/{h.node_size}/{h.gpu_size}); regenerate it with this Mokka"
         )
-    need = hsize + h.gpu_size * h.gpu_count
-    if h.gpu_count > const("MOKKA_MAX_GPUS") or len(data) < need:
+    if h.gpu_count > const("MOKKA_MAX_GPUS") or len(data) < region_size(h.gpu_count):
+        need = region_size(min(h.gpu_count, const("MOKKA_MAX_GPUS")))
         raise StateError(f"{source}: truncated or corrupt ({len(data)} bytes, {h.gpu_count} GPUs need {need})")
     return hsize, h.gpu_size, h.gpu_count
 
 
+# ---- the writer ----------------------------------------------------------------------
+
+WRITER_CDEF = """
+int mokka_state_stable_copy(const void *region, uint64_t region_size);
+int mokka_state_publish(void *region, uint64_t region_size, const void *live, uint64_t live_size);
+"""
+
+
+@functools.cache
+def _writer() -> tuple[cffi.FFI, Any]:
+    """The C writer (native/writer/): the latch with the memory ordering readers need."""
+    wffi = cffi.FFI()
+    wffi.cdef(WRITER_CDEF)
+    return wffi, wffi.dlopen(str(library_path(STATE_WRITER)))
+
+
 @contextmanager
-def mapped(path: Path) -> Iterator[tuple[Any, Any]]:
-    """Map a state file read-write; yield (header, gpu array) cdata views."""
+def locked(path: Path) -> Iterator[mmap.mmap]:
+    """The state region of ``path`` mapped read-write, under the file's writer lock.
+
+    Writers serialise on flock: a writer that is killed drops its lock with its process."""
     fd = os.open(path, os.O_RDWR)
     try:
-        size = os.fstat(fd).st_size
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or its process dies
+        offset, size = locate(fd, str(path))
         if size == 0:
-            raise StateError(f"{path}: empty state file")
-        mm = mmap.mmap(fd, size)
+            raise StateError(f"{path}: empty state")
+        mm = mmap.mmap(fd, size, offset=offset)
+        try:
+            check(mm, str(path))
+            yield mm
+        finally:
+            mm.close()
     finally:
         os.close(fd)
+
+
+def _publish(mm: mmap.mmap, live: bytes | bytearray, source: str) -> None:
+    wffi, lib = _writer()
+    region = wffi.from_buffer(mm)
     try:
-        hsize, _, _ = check(mm, str(path))
-        f = ffi()
-        base = f.from_buffer(mm)
-        yield f.cast("mokka_header_t *", base), f.cast("mokka_gpu_t *", base + hsize)
-        del base
+        rc = lib.mokka_state_publish(region, len(mm), wffi.from_buffer(live), len(live))
     finally:
-        mm.flush()
-        mm.close()
+        del region
+    if rc != 0:
+        raise StateError(f"{source}: the writer refused the update (error {rc})")
 
 
 def update(path: Path, change: Callable[[Any, Any], None]) -> int:
-    """Change a live state file in place under its seqlock; return the new generation."""
-    with mapped(path) as (h, gpus):
-        h.seq += 1  # odd: readers retry
-        try:
-            change(h, gpus)
-        finally:
-            h.seq += 1
-            h.generation += 1
-        return int(h.generation)
+    """Change a live state in place; return the new generation.
+
+    ``change(node, gpus)`` edits a private copy of the live data (``node``: the
+    mokka_node_t, ``gpus``: the mokka_gpu_t array), which then replaces what readers see
+    in one publish. Writers serialise on the file's lock; a counter left behind by a killed
+    writer is repaired on the way."""
+    f = ffi()
+    with locked(path) as mm:
+        h = f.cast("mokka_header_t *", f.from_buffer(mm))
+        copy = _copy_size(h.gpu_count)
+        wffi, lib = _writer()
+        region = wffi.from_buffer(mm)
+        stable = lib.mokka_state_stable_copy(region, len(mm))
+        del region
+        start = f.sizeof("mokka_header_t") + stable * copy
+        live = bytearray(mm[start : start + copy])
+        base = f.from_buffer(live)
+        node = f.cast("mokka_node_t *", base)
+        gpus = f.cast("mokka_gpu_t *", base + f.sizeof("mokka_node_t"))
+        change(node, gpus)
+        node.generation += 1
+        generation = int(node.generation)
+        del h, base, node, gpus
+        _publish(mm, live, str(path))
+        return generation
+
+
+def refresh(path: Path, region: bytes) -> bool:
+    """Make a live state file hold ``region``'s data in place, if it has the same layout and
+    static header; return False (nothing changed) when it does not: then the file must be
+    written anew. Repairs a counter a killed writer left behind."""
+    f = ffi()
+    hsize = f.sizeof("mokka_header_t")
+    check(region, "new state")
+    try:
+        with locked(path) as mm:
+            if len(mm) != len(region) or _static_header(mm[:hsize]) != _static_header(region[:hsize]):
+                return False
+            seq = int.from_bytes(mm[f.offsetof("mokka_header_t", "seq") :][:4], "little")
+            if seq % 2 == 0 and mm[hsize:] == region[hsize:]:
+                return True  # already this state, counter at rest: leave every byte alone
+            copy = _copy_size(f.cast("mokka_header_t *", f.from_buffer(region)).gpu_count)
+            _publish(mm, region[hsize : hsize + copy], str(path))
+            return True
+    except (OSError, StateError):
+        return False
+
+
+def _static_header(raw: bytes) -> bytes:
+    """The header without its counter: what must match for an in-place refresh."""
+    seq = ffi().offsetof("mokka_header_t", "seq")
+    return raw[:seq] + raw[seq + 4 :]
+
+
+def refresh_library(path: Path, library: bytes, region: bytes) -> bool:
+    """Refresh the state a staged library carries in place when the file is this very
+    library (identical ELF bytes) with a state of the same layout; False otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        offset, size = locate(fd, str(path))
+        same = size == len(region) and offset > 0 and os.pread(fd, offset, 0) == embed(library, region)[:offset]
+    except (OSError, StateError):
+        return False
+    finally:
+        os.close(fd)
+    return same and refresh(path, region)

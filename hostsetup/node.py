@@ -8,8 +8,8 @@ unwritable root changes nothing.
 
 Layout under ROOT (default /var/lib/mokka)::
 
-    driver/usr/lib64/libnvidia-ml.so.<ver> (+ .so.1, .so)   the mock NVML
-    driver/usr/lib64/mokka/state.bin                         compiled state
+    driver/usr/lib64/libnvidia-ml.so.<ver> (+ .so.1, .so)   the mock NVML, carrying the compiled state
+    driver/usr/lib64/libcuda.so.<ver> (+ .so.1, .so)        the mock CUDA driver API
     driver/usr/bin/nvidia-smi                                when --nvidia-smi is given
     dev/nvidia0..N-1, nvidiactl, nvidia-uvm, ...             device nodes
     proc/driver/nvidia/..., proc/modules                     driver's procfs files
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpumodel import edits, nodelayout, state
+from gpumodel import driver_root, edits, nodelayout, state
 from gpumodel.native import NativeMissing, library_path
 from gpumodel.profile import Profile
 
@@ -106,8 +106,7 @@ def plan(profile: Profile, options: Options) -> Plan:
     if options.nvidia_smi is not None and not options.nvidia_smi.is_file():
         raise SetupError(f"--nvidia-smi {options.nvidia_smi}: no such file")
     try:
-        state_bytes = state.compile_profile(profile)
-        lib = library_path()
+        staged = driver_root.contents(profile)
     except (state.StateError, NativeMissing) as exc:
         raise SetupError(str(exc)) from None
     shim: Path | None
@@ -124,26 +123,31 @@ def plan(profile: Profile, options: Options) -> Plan:
         profile=profile.name,
         driver_version=version,
         libdir=str(libdir),
-        state=str(libdir / "mokka" / "state.bin"),
+        state=str(libdir / f"libnvidia-ml.so.{version}"),  # the library carries the state
         dev_root=str(root / "dev"),
         gpu_major=gpu_major,
         uvm_major=uvm_major,
         gpus=tuple(nodelayout.GpuNode(d.index, d.uuid, d.bus_id, d.index) for d in devices),
         nvidia_smi=str(root / "driver" / "usr" / "bin" / "nvidia-smi") if options.nvidia_smi else None,
         sysfs_shim=str(root / "lib" / "libmokka-sysfs.so") if shim else None,
+        cuda_library=str(libdir / f"libcuda.so.{version}"),
     )
     p = Plan(profile, options, layout)
-    lib_bytes = lib.read_bytes()
 
     def driver(j: Journal) -> None:
-        j.write(libdir / f"libnvidia-ml.so.{version}", lib_bytes, 0o755)
-        j.symlink(libdir / "libnvidia-ml.so.1", f"libnvidia-ml.so.{version}")
-        j.symlink(libdir / "libnvidia-ml.so", "libnvidia-ml.so.1")
-        # Containers and running processes map the state through its inode: rewrite in place.
-        j.write(Path(layout.state), state_bytes, 0o644, in_place=True)
+        for f in staged.files:
+            target = libdir / f.name
+            # Running processes and containers map the state through the library's inode:
+            # the same build is refreshed in place under the writer lock (which also repairs
+            # a counter a killed writer left), anything else is replaced whole.
+            if f.live and j.owns(target) and driver_root.refreshed_in_place(staged, target):
+                continue
+            j.write(target, f.data, f.mode)
+        for name, target_name in staged.links:
+            j.symlink(libdir / name, target_name)
 
     p.steps.append(
-        Step(f"driver root {libdir}: libnvidia-ml.so.{version}, links, state ({len(state_bytes)} bytes)", driver)
+        Step(f"driver root {libdir}: libnvidia-ml.so.{version} carrying the state, libcuda.so.{version}, links", driver)
     )
     if options.nvidia_smi is not None:
         smi_src = options.nvidia_smi

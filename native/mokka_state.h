@@ -1,17 +1,34 @@
 /*
- * mokka_state.h — the one definition of Mokka's compiled state file.
+ * mokka_state.h — the one definition of Mokka's compiled state.
  *
  * The Python compiler (gpumodel/state.py) feeds this header to cffi and writes the
- * file through it; the native shims mmap the same file and read it through these
+ * state through it; the native libraries map the same bytes and read them through these
  * structs. The header is kept in the subset of C that cffi's parser accepts: plain
  * structs of fixed-width types, and `#define NAME <integer>` constants. Lines that
  * start with `#` other than such defines are dropped before cffi reads the text.
  *
- * File layout: one mokka_header_t, then gpu_count mokka_gpu_t records.
+ * The state region: one mokka_header_t (static facts and the `seq` counter), then two
+ * copies of the live data, each a mokka_node_t followed by gpu_count mokka_gpu_t records:
  *
- * Live updates rewrite the file in place (never by rename: a bind mount pins the
- * inode). A writer makes `seq` odd, changes the records, then makes it even again
- * (a seqlock); readers retry while `seq` is odd or changed under them.
+ *     [header][copy 0: node, gpu 0 .. gpu n-1][copy 1: node, gpu 0 .. gpu n-1]
+ *
+ * Where it lives: a state file of its own (MOKKA_STATE), or — how Mokka stages it — inside
+ * the mock library file itself, so a container that gets nothing but
+ * libnvidia-ml.so.<version> still sees the node: the file is the ELF image, zero padding up
+ * to a multiple of MOKKA_STATE_ALIGN, the state region, and a mokka_trailer_t as the file's
+ * last bytes. The dynamic loader maps only the ELF's segments; the library finds the region
+ * through the trailer of its own file and maps it MAP_SHARED.
+ *
+ * Live updates (one writer at a time, serialised by flock on the file; native/writer/)
+ * rewrite the copies in place, never by rename (a bind mount pins the inode), as a latch:
+ * `seq` odd -> copy 0 is rewritten while readers use copy 1; `seq` even -> copy 1 is
+ * rewritten while readers use copy 0. A reader reads copy (seq & 1) and retries only if
+ * `seq` moved meanwhile, so a writer killed midway never stalls anyone: readers keep
+ * answering from the copy it was not writing, and the next writer repairs the other.
+ *
+ * Adding a live field: put it in mokka_gpu_t (per GPU) or mokka_node_t (node-wide), fill it
+ * in gpumodel/state.py, and bump MOKKA_STATE_VERSION; the writer copies whole records, so
+ * nothing else changes.
  *
  * Units: bytes, milliwatts, MHz, degrees Celsius, millijoules, percent.
  * MOKKA_NA (all ones) in an integer field means the board does not support it, and the
@@ -24,7 +41,9 @@
 #include <stdint.h>
 
 #define MOKKA_STATE_MAGIC 0x41544b4f4b4b4f4d
-#define MOKKA_STATE_VERSION 1
+#define MOKKA_STATE_VERSION 2
+#define MOKKA_TRAILER_MAGIC 0x4c5254414b4b4f4d  /* "MOKKATRL" */
+#define MOKKA_STATE_ALIGN 65536   /* region offset in a library file: a multiple of every Linux page size */
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_NA 4294967295
 #define MOKKA_DEPRECATED 4294967294 /* the driver answers "deprecated" (NVML_ERROR_DEPRECATED) */
@@ -81,6 +100,8 @@ typedef struct {
     uint32_t module_id;
     uint32_t flags;             /* MOKKA_GPU_* */
     uint32_t num_cores;
+    uint32_t multiprocessor_count;  /* SMs, as CUDA reports them */
+    uint32_t pad_sm;
     uint32_t memory_bus_width;
 
     /* PCI */
@@ -203,19 +224,31 @@ typedef struct {
     uint64_t last_xid;
 } mokka_gpu_t;
 
+/* Node-wide live data: the start of each copy. */
+typedef struct {
+    uint64_t generation;        /* completed updates since the state was compiled */
+} mokka_node_t;
+
 typedef struct {
     uint64_t magic;             /* MOKKA_STATE_MAGIC */
     uint32_t version;           /* MOKKA_STATE_VERSION */
     uint32_t header_size;       /* sizeof(mokka_header_t) */
+    uint32_t node_size;         /* sizeof(mokka_node_t) */
     uint32_t gpu_size;          /* sizeof(mokka_gpu_t) */
     uint32_t gpu_count;
-    uint32_t seq;               /* seqlock: odd while a writer is changing the records */
-    uint32_t generation;        /* bumped after every completed update */
+    uint32_t seq;               /* latch counter: readers use copy (seq & 1) */
     char driver_version[32];    /* "550.163.01" */
     char nvml_version[32];      /* "12.550.163.01" */
     uint32_t cuda_version;      /* 12040 */
     uint32_t pad0;
     char profile[64];           /* profile name, for diagnostics */
 } mokka_header_t;
+
+/* The last bytes of a library file that carries the state. */
+typedef struct {
+    uint64_t state_offset;      /* where the region starts: a multiple of MOKKA_STATE_ALIGN */
+    uint64_t state_size;        /* header + two copies */
+    uint64_t magic;             /* MOKKA_TRAILER_MAGIC */
+} mokka_trailer_t;
 
 #endif

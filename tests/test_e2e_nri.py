@@ -172,5 +172,5 @@ def test_cdi_device_references_on_containerd_2_1(
     ], out
     nodes = device_nodes(sections(out)["dev"])
     assert {"nvidia1", "nvidia3", "nvidiactl"} <= set(nodes) and "nvidia0" not in nodes
-    assert "MOKKA_STATE=/run/mokka/state.bin" in sections(out)["env"]  # from the spec's edits
+    assert "LD_PRELOAD=/usr/lib/mokka/libmokka-sysfs.so" in sections(out)["env"]  # from the spec's edits
     assert sandbox.leftovers(base) == []

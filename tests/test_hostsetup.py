@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumodel import nodelayout, profile
+from gpumodel import nodelayout, profile, state
 from hostsetup import node
 
 
@@ -55,7 +55,10 @@ def test_setup_stages_everything(tmp_path: Path, smi_binary: Path) -> None:
     assert layout.gpu_major == 195 and len(layout.gpus) == 8
     lib = root / "driver/usr/lib64" / f"libnvidia-ml.so.{prof.driver.version}"
     assert lib.is_file() and os.readlink(root / "driver/usr/lib64/libnvidia-ml.so.1") == lib.name
-    assert (root / "driver/usr/lib64/mokka/state.bin").is_file()
+    assert state.check(state.read(lib))[2] == 8  # the library carries the state
+    cuda = root / "driver/usr/lib64" / f"libcuda.so.{prof.driver.version}"
+    assert cuda.is_file() and os.readlink(root / "driver/usr/lib64/libcuda.so.1") == cuda.name
+    assert layout.cuda_library == str(cuda) and layout.state == str(lib)
     assert (root / "driver/usr/bin/nvidia-smi").read_bytes() == smi_binary.read_bytes()
     for i in range(8):
         st = (root / f"dev/nvidia{i}").stat()
@@ -73,7 +76,7 @@ def test_setup_is_idempotent_and_keeps_the_state_inode(tmp_path: Path) -> None:
     root = tmp_path / "root"
     plan = node.plan(profile.load("t4"), node.Options(root=root))
     node.apply(plan)
-    state_file = root / "driver/usr/lib64/mokka/state.bin"
+    state_file = root / "driver/usr/lib64" / f"libnvidia-ml.so.{profile.load('t4').driver.version}"
     inode = state_file.stat().st_ino
     first = snapshot(root)
     node.apply(node.plan(profile.load("t4"), node.Options(root=root)))

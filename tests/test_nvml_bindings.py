@@ -12,6 +12,8 @@ import pytest
 from conftest import Staged
 from test_profile import BUILTINS
 
+from gpumodel import state
+
 pytestmark = pytest.mark.consumers
 
 PROBE = r"""
@@ -132,7 +134,7 @@ def test_bad_state_fails_cleanly(tmp_path: Path, stage: Callable[..., Staged], c
 
 def test_truncated_records_fail_cleanly(tmp_path: Path, stage: Callable[..., Staged]) -> None:
     staged = stage("h100")
-    data = staged.root.state.read_bytes()
+    data = state.read(staged.root.state)
     bad = tmp_path / "state.bin"
     bad.write_bytes(data[: len(data) // 2])
     res = staged.python("import pynvml as N; N.nvmlInit()", check=False, MOKKA_STATE=str(bad))
@@ -141,7 +143,7 @@ def test_truncated_records_fail_cleanly(tmp_path: Path, stage: Callable[..., Sta
 
 def test_foreign_layout_version_fails_cleanly(tmp_path: Path, stage: Callable[..., Staged]) -> None:
     staged = stage("h100")
-    data = bytearray(staged.root.state.read_bytes())
+    data = bytearray(state.read(staged.root.state))
     data[8] ^= 0x7F  # the layout version field
     bad = tmp_path / "state.bin"
     bad.write_bytes(bytes(data))

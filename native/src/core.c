@@ -1,17 +1,11 @@
-/* Library lifecycle: find and map the state file, decide which GPUs this process sees,
- * hand out device handles, answer system-wide queries. */
+/* Library lifecycle: map the state (common/locate.c), decide which GPUs this process sees
+ * (common/visible.c), hand out device handles, answer system-wide queries. */
 #define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -19,25 +13,6 @@
 mokka_ctx_t g_mokka;
 int g_mokka_refcount;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-
-_Static_assert(sizeof(mokka_header_t) % 8 == 0, "header keeps 8-byte alignment of the records");
-_Static_assert(sizeof(mokka_gpu_t) % 8 == 0, "records keep 8-byte alignment");
-
-uint32_t mokka_seq_begin(void) {
-    for (unsigned spins = 0;; spins++) {
-        uint32_t s = __atomic_load_n(&g_mokka.hdr->seq, __ATOMIC_ACQUIRE);
-        if (!(s & 1)) return s;
-        /* A writer that died mid-update must not hang readers: read as is. */
-        if (spins > 100000) return MOKKA_SEQ_GAVE_UP;
-        if (spins > 64) sched_yield();
-    }
-}
-
-int mokka_seq_retry(uint32_t start) {
-    if (start == MOKKA_SEQ_GAVE_UP) return 0;
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    return __atomic_load_n(&g_mokka.hdr->seq, __ATOMIC_RELAXED) != start;
-}
 
 nvmlReturn_t mokka_copy_string(char *dst, unsigned int length, const char *src, size_t src_size) {
     if (!dst) return NVML_ERROR_INVALID_ARGUMENT;
@@ -50,137 +25,10 @@ nvmlReturn_t mokka_copy_string(char *dst, unsigned int length, const char *src, 
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t mokka_device(nvmlDevice_t device, const mokka_gpu_t **out) {
-    if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
-    struct nvmlDevice_st *d = device;
-    if (d < g_mokka.devices || d >= g_mokka.devices + g_mokka.visible_count ||
-        ((char *)d - (char *)g_mokka.devices) % sizeof *d != 0 || d->magic != MOKKA_HANDLE_MAGIC)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (__atomic_load_n(&d->gpu->flags, __ATOMIC_RELAXED) & MOKKA_GPU_LOST) return NVML_ERROR_GPU_IS_LOST;
-    *out = d->gpu;
-    return NVML_SUCCESS;
-}
-
-/* ---- finding the state ------------------------------------------------------------ */
-
-static void complain(const char *path, const char *why) {
-    if (getenv("MOKKA_QUIET")) return;
-    fprintf(stderr, "mokka: cannot use state file %s: %s\n", path, why);
-}
-
-static int default_state_path(char *out, size_t size) {
-    Dl_info info;
-    if (!dladdr((void *)&mokka_device, &info) || !info.dli_fname) return -1;
-    char lib[PATH_MAX];
-    if (!realpath(info.dli_fname, lib)) snprintf(lib, sizeof lib, "%s", info.dli_fname);
-    char *slash = strrchr(lib, '/');
-    if (!slash) return -1;
-    *slash = '\0';
-    return snprintf(out, size, "%s/mokka/state.bin", lib) < (int)size ? 0 : -1;
-}
-
-static nvmlReturn_t map_state(void) {
-    char path[PATH_MAX];
-    const char *env = getenv("MOKKA_STATE");
-    if (env && *env) {
-        snprintf(path, sizeof path, "%s", env);
-    } else if (default_state_path(path, sizeof path) != 0) {
-        complain("(unknown)", "cannot locate the library's own directory; set MOKKA_STATE");
-        return NVML_ERROR_DRIVER_NOT_LOADED;
-    }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        complain(path, strerror(errno));
-        return NVML_ERROR_DRIVER_NOT_LOADED;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(mokka_header_t)) {
-        close(fd);
-        complain(path, "truncated (shorter than the header)");
-        return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
-    }
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED) {
-        complain(path, strerror(errno));
-        return NVML_ERROR_DRIVER_NOT_LOADED;
-    }
-    const mokka_header_t *h = map;
-    const char *why = NULL;
-    if (h->magic != MOKKA_STATE_MAGIC)
-        why = "not a Mokka state file (bad magic)";
-    else if (h->version != MOKKA_STATE_VERSION || h->header_size != sizeof(mokka_header_t) ||
-             h->gpu_size != sizeof(mokka_gpu_t))
-        why = "written for another layout version; regenerate it with this Mokka";
-    else if (h->gpu_count > MOKKA_MAX_GPUS ||
-             (size_t)st.st_size < sizeof(mokka_header_t) + (size_t)h->gpu_count * sizeof(mokka_gpu_t))
-        why = "truncated or corrupt (GPU records missing)";
-    if (why) {
-        munmap(map, (size_t)st.st_size);
-        complain(path, why);
-        return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
-    }
-    g_mokka.hdr = h;
-    g_mokka.gpus = (const mokka_gpu_t *)((const char *)map + sizeof(mokka_header_t));
-    g_mokka.map_size = (size_t)st.st_size;
-    return NVML_SUCCESS;
-}
-
-/* ---- which GPUs this process sees ------------------------------------------------- */
-
-static int listed(const char *list, const mokka_gpu_t *g) {
-    /* NVIDIA_VISIBLE_DEVICES: "all", "none", "void", or indices / UUIDs separated by commas. */
-    const char *p = list;
-    while (*p) {
-        const char *end = strchr(p, ',');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        while (n && *p == ' ') p++, n--;
-        while (n && p[n - 1] == ' ') n--;
-        if (n) {
-            char item[96];
-            if (n >= sizeof item) n = sizeof item - 1;
-            memcpy(item, p, n);
-            item[n] = '\0';
-            char *rest;
-            unsigned long idx = strtoul(item, &rest, 10);
-            if (*rest == '\0' && rest != item) {
-                if (idx == g->index) return 1;
-            } else if (strncmp(g->uuid, item, n) == 0) {
-                return 1; /* full UUID or a unique prefix, as the runtime accepts */
-            }
-        }
-        if (!end) break;
-        p = end + 1;
-    }
-    return 0;
-}
-
-static int visible(const mokka_gpu_t *g, const char *env) {
-    if (!env) return 1;
-    if (!*env || !strcmp(env, "none") || !strcmp(env, "void")) return 0;
-    return !strcmp(env, "all") || listed(env, g);
-}
-
-static int has_node(const mokka_gpu_t *g) {
-    char node[64];
-    snprintf(node, sizeof node, "/dev/nvidia%u", g->minor_number);
-    return access(node, F_OK) == 0;
-}
-
 static void choose_visible(void) {
-    const char *env = getenv("NVIDIA_VISIBLE_DEVICES");
-    /* Inside a container (as on a real node) the GPUs are those whose /dev/nvidiaN exist.
-     * Where none of them exists (a bare host, a CI machine) every GPU is shown. */
-    int dev_filter = 0;
-    if (!getenv("MOKKA_IGNORE_DEVICE_NODES"))
-        for (unsigned i = 0; i < g_mokka.hdr->gpu_count && !dev_filter; i++) dev_filter = has_node(&g_mokka.gpus[i]);
-    unsigned n = 0;
-    for (unsigned i = 0; i < g_mokka.hdr->gpu_count; i++) {
-        const mokka_gpu_t *g = &g_mokka.gpus[i];
-        if (!visible(g, env) || (dev_filter && !has_node(g))) continue;
-        g_mokka.devices[n] = (struct nvmlDevice_st){MOKKA_HANDLE_MAGIC, n, g};
-        n++;
-    }
+    unsigned slots[MOKKA_MAX_GPUS];
+    unsigned n = mokka_visible_slots(slots);
+    for (unsigned i = 0; i < n; i++) g_mokka.devices[i] = (struct nvmlDevice_st){MOKKA_HANDLE_MAGIC, i, slots[i], 0};
     g_mokka.visible_count = n;
 }
 
@@ -191,8 +39,13 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     nvmlReturn_t r = NVML_SUCCESS;
     pthread_mutex_lock(&g_lock);
     if (g_mokka_refcount == 0) {
-        r = map_state();
-        if (r == NVML_SUCCESS) choose_visible();
+        char self[PATH_MAX];
+        int found = mokka_library_file((const void *)&nvmlInitWithFlags, self, sizeof self) == 0;
+        switch (mokka_map_state(found ? self : NULL)) {
+        case MOKKA_MAP_OK: choose_visible(); break;
+        case MOKKA_MAP_MISSING: r = NVML_ERROR_DRIVER_NOT_LOADED; break;
+        default: r = NVML_ERROR_LIB_RM_VERSION_MISMATCH;
+        }
     }
     if (r == NVML_SUCCESS) g_mokka_refcount++;
     pthread_mutex_unlock(&g_lock);
@@ -208,7 +61,7 @@ EXPORT nvmlReturn_t nvmlShutdown(void) {
     if (g_mokka_refcount <= 0) {
         r = NVML_ERROR_UNINITIALIZED;
     } else if (--g_mokka_refcount == 0) {
-        munmap((void *)g_mokka.hdr, g_mokka.map_size);
+        mokka_unmap_state();
         memset(&g_mokka, 0, sizeof g_mokka);
     }
     pthread_mutex_unlock(&g_lock);
@@ -228,7 +81,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceG
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
     if (!device || index >= g_mokka.visible_count) return NVML_ERROR_INVALID_ARGUMENT;
-    if (g_mokka.devices[index].gpu->flags & MOKKA_GPU_LOST) return NVML_ERROR_GPU_IS_LOST;
+    if (mokka_handle_gpu(&g_mokka.devices[index])->flags & MOKKA_GPU_LOST) return NVML_ERROR_GPU_IS_LOST;
     *device = &g_mokka.devices[index];
     return NVML_SUCCESS;
 }
@@ -243,7 +96,7 @@ static nvmlReturn_t handle_by(match_fn match, const char *key, nvmlDevice_t *dev
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
     if (!key || !device) return NVML_ERROR_INVALID_ARGUMENT;
     for (unsigned i = 0; i < g_mokka.visible_count; i++) {
-        if (match(g_mokka.devices[i].gpu, key)) {
+        if (match(mokka_handle_gpu(&g_mokka.devices[i]), key)) {
             *device = &g_mokka.devices[i];
             return NVML_SUCCESS;
         }
@@ -273,7 +126,7 @@ static int bus_id_is(const mokka_gpu_t *g, const char *bus_id) {
 
 const mokka_gpu_t *mokka_gpu_by_bus_id(const char *bus_id) {
     nvmlDevice_t device;
-    return handle_by(bus_id_is, bus_id, &device) == NVML_SUCCESS ? device->gpu : NULL;
+    return handle_by(bus_id_is, bus_id, &device) == NVML_SUCCESS ? mokka_handle_gpu(device) : NULL;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *device) {
@@ -299,18 +152,18 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 
 EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
-    return COPY_FIELD(version, length, g_mokka.hdr->driver_version);
+    return COPY_FIELD(version, length, g_state.hdr->driver_version);
 }
 
 EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
     /* Real NVML answers this without nvmlInit, from the library itself. */
-    if (g_mokka_refcount > 0) return COPY_FIELD(version, length, g_mokka.hdr->nvml_version);
+    if (g_mokka_refcount > 0) return COPY_FIELD(version, length, g_state.hdr->nvml_version);
     return COPY_FIELD(version, length, MOKKA_DEFAULT_NVML_VERSION);
 }
 
 EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
     if (!version) return NVML_ERROR_INVALID_ARGUMENT;
-    *version = g_mokka_refcount > 0 ? (int)g_mokka.hdr->cuda_version : MOKKA_DEFAULT_CUDA_VERSION;
+    *version = g_mokka_refcount > 0 ? (int)g_state.hdr->cuda_version : MOKKA_DEFAULT_CUDA_VERSION;
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) { return nvmlSystemGetCudaDriverVersion_v2(version); }
@@ -318,10 +171,13 @@ EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) { return nvmlSy
 EXPORT nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length) {
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
     if (!name || length == 0) return NVML_ERROR_INVALID_ARGUMENT;
-    for (unsigned i = 0; i < g_mokka.hdr->gpu_count; i++) {
-        const mokka_gpu_t *g = &g_mokka.gpus[i];
-        for (unsigned p = 0; p < g->n_procs && p < MOKKA_MAX_PROCS; p++)
-            if (g->procs[p].pid == pid) return COPY_FIELD(name, length, g->procs[p].name);
+    for (unsigned i = 0; i < g_state.hdr->gpu_count; i++) {
+        mokka_process_t procs[MOKKA_MAX_PROCS];
+        for (unsigned type = 0; type < 3; type++) {
+            unsigned n = mokka_processes(mokka_gpu_now(i), type, procs);
+            for (unsigned p = 0; p < n; p++)
+                if (procs[p].pid == pid) return COPY_FIELD(name, length, procs[p].name);
+        }
     }
     char path[64], buf[PATH_MAX];
     snprintf(path, sizeof path, "/proc/%u/exe", pid);
@@ -357,7 +213,7 @@ EXPORT nvmlReturn_t nvmlSystemGetTopologyGpuSet(unsigned int cpu, unsigned int *
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned n = 0;
     for (unsigned i = 0; i < g_mokka.visible_count; i++) {
-        const mokka_gpu_t *g = g_mokka.devices[i].gpu;
+        const mokka_gpu_t *g = mokka_handle_gpu(&g_mokka.devices[i]);
         if (cpu >= 64 * MOKKA_CPUSET_WORDS || !(g->cpu_affinity[cpu / 64] >> (cpu % 64) & 1)) continue;
         if (devices && *count > n) devices[n] = &g_mokka.devices[i];
         n++;
@@ -373,7 +229,7 @@ EXPORT nvmlReturn_t nvmlSystemGetTopologyGpuSet(unsigned int cpu, unsigned int *
 EXPORT nvmlReturn_t nvmlSystemGetDriverBranch(nvmlSystemDriverBranchInfo_t *info, unsigned int length) {
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
     if (!info || length < 8) return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned major = (unsigned)atoi(g_mokka.hdr->driver_version);
+    unsigned major = (unsigned)atoi(g_state.hdr->driver_version);
     snprintf(info->branch, sizeof info->branch, "r%u_00", major);
     return NVML_SUCCESS;
 }

@@ -16,7 +16,7 @@
         GET_GPU(device, g);                                      \
         NEED(out);                                               \
         uint32_t v;                                              \
-        MOKKA_READ(v = g->field);                                \
+        MOKKA_READ(g, v = g->field);                                \
         if (mokka_is_na(v)) return NVML_ERROR_NOT_SUPPORTED;     \
         *out = v;                                                \
         return NVML_SUCCESS;                                     \
@@ -220,8 +220,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, nvmlPcieUti
     GET_GPU(device, g);
     NEED(value);
     switch (counter) {
-    case NVML_PCIE_UTIL_TX_BYTES: MOKKA_READ(*value = g->pcie_tx_kbps); return NVML_SUCCESS;
-    case NVML_PCIE_UTIL_RX_BYTES: MOKKA_READ(*value = g->pcie_rx_kbps); return NVML_SUCCESS;
+    case NVML_PCIE_UTIL_TX_BYTES: MOKKA_READ(g, *value = g->pcie_tx_kbps); return NVML_SUCCESS;
+    case NVML_PCIE_UTIL_RX_BYTES: MOKKA_READ(g, *value = g->pcie_rx_kbps); return NVML_SUCCESS;
     default: return NVML_ERROR_INVALID_ARGUMENT;
     }
 }
@@ -234,7 +234,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     GET_GPU(device, g);
     NEED(memory);
     uint64_t total, reserved, used;
-    MOKKA_READ((total = g->mem_total, reserved = g->mem_reserved, used = g->mem_used));
+    MOKKA_READ(g, (total = g->mem_total, reserved = g->mem_reserved, used = g->mem_used));
     /* v1 folds the reserved memory into "used", as the real library does. */
     memory->total = total;
     memory->used = used + reserved;
@@ -247,7 +247,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     NEED(memory);
     if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     uint64_t total, reserved, used;
-    MOKKA_READ((total = g->mem_total, reserved = g->mem_reserved, used = g->mem_used));
+    MOKKA_READ(g, (total = g->mem_total, reserved = g->mem_reserved, used = g->mem_used));
     memory->total = total;
     memory->reserved = reserved;
     memory->used = used;
@@ -258,7 +258,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1) {
     GET_GPU(device, g);
     NEED(bar1);
-    MOKKA_READ((bar1->bar1Total = g->bar1_total, bar1->bar1Used = g->bar1_used));
+    MOKKA_READ(g, (bar1->bar1Total = g->bar1_total, bar1->bar1Used = g->bar1_used));
     bar1->bar1Free = bar1->bar1Total - bar1->bar1Used;
     return NVML_SUCCESS;
 }
@@ -276,7 +276,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetConfComputeProtectedMemoryUsage(nvmlDevice_t de
 EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
     GET_GPU(device, g);
     NEED(power);
-    MOKKA_READ(*power = g->power_usage);
+    MOKKA_READ(g, *power = g->power_usage);
     return NVML_SUCCESS;
 }
 
@@ -285,7 +285,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *p
         GET_GPU(device, g);                                           \
         NEED(out);                                                    \
         if (!(g->flags & MOKKA_GPU_POWER_MANAGEMENT)) return NVML_ERROR_NOT_SUPPORTED; \
-        MOKKA_READ(*out = g->field);                                  \
+        MOKKA_READ(g, *out = g->field);                                  \
         return NVML_SUCCESS;                                          \
     }
 
@@ -297,7 +297,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t de
     GET_GPU(device, g);
     NEED(min && max);
     if (!(g->flags & MOKKA_GPU_POWER_MANAGEMENT)) return NVML_ERROR_NOT_SUPPORTED;
-    MOKKA_READ((*min = g->power_min_limit, *max = g->power_max_limit));
+    MOKKA_READ(g, (*min = g->power_min_limit, *max = g->power_max_limit));
     return NVML_SUCCESS;
 }
 
@@ -311,7 +311,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementMode(nvmlDevice_t device, nvmlEn
 uint64_t mokka_energy_mj(const mokka_gpu_t *g) {
     uint64_t base;
     uint32_t mw;
-    MOKKA_READ((base = g->energy_mj, mw = g->power_usage));
+    MOKKA_READ(g, (base = g->energy_mj, mw = g->power_usage));
     /* Energy keeps accumulating at the current draw since boot, as a real counter does. */
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -332,7 +332,7 @@ CONSTANT_GETTER(nvmlDeviceGetPowerSource, nvmlPowerSource_t, NVML_POWER_SOURCE_A
 EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, nvmlPstates_t *state) {
     GET_GPU(device, g);
     NEED(state);
-    MOKKA_READ(*state = (nvmlPstates_t)g->pstate);
+    MOKKA_READ(g, *state = (nvmlPstates_t)g->pstate);
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t device, nvmlPstates_t *state) {
@@ -348,11 +348,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetSupportedPerformanceStates(nvmlDevice_t device,
     return NVML_SUCCESS;
 }
 
-static nvmlReturn_t clock_from(const uint32_t *table, nvmlClockType_t type, unsigned int *clock) {
+/* One clock domain from one of the record's clock tables (given by its offset). */
+static nvmlReturn_t clock_from(const mokka_gpu_t *g, size_t table, nvmlClockType_t type, unsigned int *clock) {
     NEED(clock);
     if ((unsigned)type >= MOKKA_CLOCK_DOMAINS) return NVML_ERROR_INVALID_ARGUMENT;
     uint32_t v;
-    MOKKA_READ(v = table[type]);
+    MOKKA_READ(g, v = ((const uint32_t *)((const char *)g + table))[type]);
     if (mokka_is_na(v)) return NVML_ERROR_NOT_SUPPORTED;
     if (v == (uint32_t)MOKKA_DEPRECATED) return NVML_ERROR_DEPRECATED;
     *clock = v;
@@ -361,32 +362,32 @@ static nvmlReturn_t clock_from(const uint32_t *table, nvmlClockType_t type, unsi
 
 EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
     GET_GPU(device, g);
-    return clock_from(g->clock_current, type, clock);
+    return clock_from(g, offsetof(mokka_gpu_t, clock_current), type, clock);
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
     GET_GPU(device, g);
-    return clock_from(g->clock_max, type, clock);
+    return clock_from(g, offsetof(mokka_gpu_t, clock_max), type, clock);
 }
 EXPORT nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
     GET_GPU(device, g);
-    return clock_from(g->clock_app, type, clock);
+    return clock_from(g, offsetof(mokka_gpu_t, clock_app), type, clock);
 }
 EXPORT nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
     GET_GPU(device, g);
-    return clock_from(g->clock_default_app, type, clock);
+    return clock_from(g, offsetof(mokka_gpu_t, clock_default_app), type, clock);
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMaxCustomerBoostClock(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
     GET_GPU(device, g);
-    return clock_from(g->clock_boost, type, clock);
+    return clock_from(g, offsetof(mokka_gpu_t, clock_boost), type, clock);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetClock(nvmlDevice_t device, nvmlClockType_t type, nvmlClockId_t id, unsigned int *clock) {
     GET_GPU(device, g);
     switch (id) {
-    case NVML_CLOCK_ID_CURRENT: return clock_from(g->clock_current, type, clock);
-    case NVML_CLOCK_ID_APP_CLOCK_TARGET: return clock_from(g->clock_app, type, clock);
-    case NVML_CLOCK_ID_APP_CLOCK_DEFAULT: return clock_from(g->clock_default_app, type, clock);
-    case NVML_CLOCK_ID_CUSTOMER_BOOST_MAX: return clock_from(g->clock_boost, type, clock);
+    case NVML_CLOCK_ID_CURRENT: return clock_from(g, offsetof(mokka_gpu_t, clock_current), type, clock);
+    case NVML_CLOCK_ID_APP_CLOCK_TARGET: return clock_from(g, offsetof(mokka_gpu_t, clock_app), type, clock);
+    case NVML_CLOCK_ID_APP_CLOCK_DEFAULT: return clock_from(g, offsetof(mokka_gpu_t, clock_default_app), type, clock);
+    case NVML_CLOCK_ID_CUSTOMER_BOOST_MAX: return clock_from(g, offsetof(mokka_gpu_t, clock_boost), type, clock);
     default: return NVML_ERROR_INVALID_ARGUMENT;
     }
 }
@@ -428,7 +429,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetSupportedGraphicsClocks(nvmlDevice_t device, un
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons) {
     GET_GPU(device, g);
     NEED(reasons);
-    MOKKA_READ(*reasons = g->clocks_event_reasons);
+    MOKKA_READ(g, *reasons = g->clocks_event_reasons);
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons) {
@@ -465,7 +466,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatur
     GET_GPU(device, g);
     NEED(temp);
     if (sensor != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
-    MOKKA_READ(*temp = g->temp_gpu);
+    MOKKA_READ(g, *temp = g->temp_gpu);
     return NVML_SUCCESS;
 }
 
@@ -475,7 +476,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperatu
     if (temperature->version != nvmlTemperature_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     if (temperature->sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
     uint32_t t;
-    MOKKA_READ(t = g->temp_gpu);
+    MOKKA_READ(g, t = g->temp_gpu);
     temperature->temperature = (int)t;
     return NVML_SUCCESS;
 }
@@ -487,7 +488,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlT
     if ((unsigned)type >= MOKKA_THRESHOLD_COUNT || (unsigned)type >= NVML_TEMPERATURE_THRESHOLD_COUNT)
         return NVML_ERROR_INVALID_ARGUMENT;
     uint32_t v;
-    MOKKA_READ(v = g->thresholds[type]);
+    MOKKA_READ(g, v = g->thresholds[type]);
     if (mokka_is_na(v)) return NVML_ERROR_NOT_SUPPORTED;
     *temp = v;
     return NVML_SUCCESS;
@@ -504,7 +505,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *spe
     GET_GPU(device, g);
     NEED(speed);
     if (g->fan_count == 0) return NVML_ERROR_NOT_SUPPORTED;
-    MOKKA_READ(*speed = g->fan_speed);
+    MOKKA_READ(g, *speed = g->fan_speed);
     return NVML_SUCCESS;
 }
 
@@ -523,7 +524,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTargetFanSpeed(nvmlDevice_t device, unsigned in
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *util) {
     GET_GPU(device, g);
     NEED(util);
-    MOKKA_READ((util->gpu = g->util_gpu, util->memory = g->util_memory));
+    MOKKA_READ(g, (util->gpu = g->util_gpu, util->memory = g->util_memory));
     return NVML_SUCCESS;
 }
 
@@ -531,7 +532,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
     EXPORT nvmlReturn_t fn(nvmlDevice_t device, unsigned int *util, unsigned int *period_us) {   \
         GET_GPU(device, g);                                                                      \
         NEED(util && period_us);                                                                 \
-        MOKKA_READ(*util = g->field);                                                            \
+        MOKKA_READ(g, *util = g->field);                                                            \
         *period_us = 167000;                                                                     \
         return NVML_SUCCESS;                                                                     \
     }
@@ -598,7 +599,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPro
         GET_GPU(device, g);                                                   \
         NEED(mode);                                                           \
         uint32_t v;                                                           \
-        MOKKA_READ(v = g->field);                                             \
+        MOKKA_READ(g, v = g->field);                                             \
         if (mokka_is_na(v)) return NVML_ERROR_NOT_SUPPORTED;                  \
         *mode = v ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;             \
         return NVML_SUCCESS;                                                  \
@@ -612,7 +613,7 @@ MODE_GETTER(nvmlDeviceGetAccountingMode, accounting_mode)
 EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode) {
     GET_GPU(device, g);
     NEED(mode);
-    MOKKA_READ(*mode = (nvmlComputeMode_t)g->compute_mode);
+    MOKKA_READ(g, *mode = (nvmlComputeMode_t)g->compute_mode);
     return NVML_SUCCESS;
 }
 
@@ -620,7 +621,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t 
     GET_GPU(device, g);
     NEED(current && pending);
     uint32_t c, p;
-    MOKKA_READ((c = g->ecc_current, p = g->ecc_pending));
+    MOKKA_READ(g, (c = g->ecc_current, p = g->ecc_pending));
     if (mokka_is_na(c)) return NVML_ERROR_NOT_SUPPORTED;
     *current = c ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     *pending = p ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
@@ -639,7 +640,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
     GET_GPU(device, g);
     NEED(current && pending);
     if (!(g->flags & MOKKA_GPU_MIG_CAPABLE)) return NVML_ERROR_NOT_SUPPORTED;
-    MOKKA_READ((*current = g->mig_current, *pending = g->mig_pending));
+    MOKKA_READ(g, (*current = g->mig_current, *pending = g->mig_pending));
     return NVML_SUCCESS;
 }
 
@@ -737,7 +738,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryE
     if ((unsigned)type > 1 || (unsigned)counter > 1) return NVML_ERROR_INVALID_ARGUMENT;
     if (mokka_is_na(g->ecc_current)) return NVML_ERROR_NOT_SUPPORTED;
     uint64_t sum = 0;
-    MOKKA_READ({
+    MOKKA_READ(g, {
         sum = 0;
         for (unsigned i = 0; i < MOKKA_ECC_LOCATIONS; i++) sum += g->ecc_counts[type][counter][i];
     });
@@ -753,7 +754,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t device, nvmlMem
     if ((unsigned)type > 1 || (unsigned)counter > 1 || (unsigned)location >= MOKKA_ECC_LOCATIONS)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (mokka_is_na(g->ecc_current)) return NVML_ERROR_NOT_SUPPORTED;
-    MOKKA_READ(*count = g->ecc_counts[type][counter][location]);
+    MOKKA_READ(g, *count = g->ecc_counts[type][counter][location]);
     return NVML_SUCCESS;
 }
 
@@ -763,7 +764,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetDetailedEccErrors(nvmlDevice_t device, nvmlMemo
     NEED(counts);
     if ((unsigned)type > 1 || (unsigned)counter > 1) return NVML_ERROR_INVALID_ARGUMENT;
     if (mokka_is_na(g->ecc_current)) return NVML_ERROR_NOT_SUPPORTED;
-    MOKKA_READ({
+    MOKKA_READ(g, {
         counts->l1Cache = g->ecc_counts[type][counter][NVML_MEMORY_LOCATION_L1_CACHE];
         counts->l2Cache = g->ecc_counts[type][counter][NVML_MEMORY_LOCATION_L2_CACHE];
         counts->deviceMemory = g->ecc_counts[type][counter][NVML_MEMORY_LOCATION_DEVICE_MEMORY];
@@ -804,7 +805,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int 
     NEED(corr && unc && pending && failure);
     if (!(g->flags & MOKKA_GPU_REMAP_SUPPORTED)) return NVML_ERROR_NOT_SUPPORTED;
     uint32_t flags;
-    MOKKA_READ((*corr = g->remap_correctable, *unc = g->remap_uncorrectable, flags = g->flags));
+    MOKKA_READ(g, (*corr = g->remap_correctable, *unc = g->remap_uncorrectable, flags = g->flags));
     *pending = (flags & MOKKA_GPU_REMAP_PENDING) ? 1 : 0;
     *failure = (flags & MOKKA_GPU_REMAP_FAILURE) ? 1 : 0;
     return NVML_SUCCESS;
@@ -814,7 +815,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t device, nvmlR
     GET_GPU(device, g);
     NEED(values);
     if (!(g->flags & MOKKA_GPU_REMAP_SUPPORTED)) return NVML_ERROR_NOT_SUPPORTED;
-    MOKKA_READ({
+    MOKKA_READ(g, {
         values->max = g->remap_histogram[0];
         values->high = g->remap_histogram[1];
         values->partial = g->remap_histogram[2];
@@ -829,7 +830,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t device, nvmlR
 unsigned mokka_processes(const mokka_gpu_t *g, unsigned type, mokka_process_t out[MOKKA_MAX_PROCS]) {
     mokka_process_t all[MOKKA_MAX_PROCS];
     unsigned n_all;
-    MOKKA_READ({
+    MOKKA_READ(g, {
         n_all = g->n_procs < MOKKA_MAX_PROCS ? g->n_procs : MOKKA_MAX_PROCS;
         memcpy(all, g->procs, sizeof all);
     });
@@ -933,7 +934,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t device, nvmlGp
     NEED(count);
     unsigned n = 0;
     for (unsigned i = 0; i < g_mokka.visible_count; i++) {
-        const mokka_gpu_t *o = g_mokka.devices[i].gpu;
+        const mokka_gpu_t *o = mokka_handle_gpu(&g_mokka.devices[i]);
         if (o == g || topology_level(g, o) > level) continue;
         if (devices && n < *count) devices[n] = &g_mokka.devices[i];
         n++;
@@ -970,7 +971,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int l
     nvmlReturn_t r = nvlink_check(g, link);
     if (r) return r;
     uint32_t mask;
-    MOKKA_READ(mask = g->nvlink_active_mask);
+    MOKKA_READ(g, mask = g->nvlink_active_mask);
     *active = (mask >> link & 1) ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     return NVML_SUCCESS;
 }
@@ -1129,7 +1130,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGspFirmwareVersion(nvmlDevice_t device, char *v
     GET_GPU(device, g);
     NEED(version);
     if (g->architecture < NVML_DEVICE_ARCH_TURING) return NVML_ERROR_NOT_SUPPORTED;
-    snprintf(version, NVML_GSP_FIRMWARE_VERSION_BUF_SIZE, "%s", g_mokka.hdr->driver_version);
+    snprintf(version, NVML_GSP_FIRMWARE_VERSION_BUF_SIZE, "%s", g_state.hdr->driver_version);
     return NVML_SUCCESS;
 }
 

@@ -45,7 +45,7 @@ EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long 
     unsigned slot = ((struct nvmlDevice_st *)device)->visible_index;
     pthread_mutex_lock(&set->lock);
     set->types[slot] |= types;
-    MOKKA_READ(set->seen_xids[slot] = g->xid_count);
+    MOKKA_READ(g, set->seen_xids[slot] = g->xid_count);
     pthread_mutex_unlock(&set->lock);
     return NVML_SUCCESS;
 }
@@ -53,9 +53,9 @@ EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long 
 static int pending(nvmlEventSet_t set, nvmlEventData_t *data) {
     for (unsigned i = 0; i < g_mokka.visible_count; i++) {
         if (!(set->types[i] & nvmlEventTypeXidCriticalError)) continue;
-        const mokka_gpu_t *g = g_mokka.devices[i].gpu;
+        const mokka_gpu_t *g = mokka_handle_gpu(&g_mokka.devices[i]);
         uint64_t count, xid;
-        MOKKA_READ((count = g->xid_count, xid = g->last_xid));
+        MOKKA_READ(g, (count = g->xid_count, xid = g->last_xid));
         if (count == set->seen_xids[i]) continue;
         set->seen_xids[i] = count;
         memset(data, 0, sizeof *data);

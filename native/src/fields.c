@@ -145,7 +145,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvm
     gettimeofday(&tv, NULL);
     long long now = (long long)tv.tv_sec * 1000000 + tv.tv_usec;
     for (int i = 0; i < count; i++) {
-        MOKKA_READ(one_field(g, &values[i]));
+        MOKKA_READ(g, one_field(g, &values[i]));
         values[i].timestamp = now;
         values[i].latencyUsec = 0;
     }

@@ -7,11 +7,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../mokka_state.h"
+#include "../common/state_read.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define MOKKA_HANDLE_MAGIC 0x4d4f4b41u
-#define MOKKA_SEQ_GAVE_UP 1u /* never a value a reader starts from: those are even */
 
 #ifndef MOKKA_DEFAULT_NVML_VERSION
 #define MOKKA_DEFAULT_NVML_VERSION "12.550.163.01"
@@ -23,13 +22,11 @@
 struct nvmlDevice_st {
     uint32_t magic;
     uint32_t visible_index;      /* index as this process sees it */
-    const mokka_gpu_t *gpu;
+    uint32_t slot;               /* the GPU's record in the state */
+    uint32_t pad;
 };
 
 typedef struct {
-    const mokka_header_t *hdr;
-    const mokka_gpu_t *gpus;     /* hdr->gpu_count records */
-    size_t map_size;
     unsigned visible_count;
     struct nvmlDevice_st devices[MOKKA_MAX_GPUS];
 } mokka_ctx_t;
@@ -37,20 +34,21 @@ typedef struct {
 extern mokka_ctx_t g_mokka;
 extern int g_mokka_refcount;
 
-/* seqlock read side: retry STMT until it ran against an unchanged, even `seq`. */
-uint32_t mokka_seq_begin(void);
-int mokka_seq_retry(uint32_t start);
-#define MOKKA_READ(stmt)                                  \
-    do {                                                  \
-        uint32_t mokka_seq_;                              \
-        do {                                              \
-            mokka_seq_ = mokka_seq_begin();               \
-            stmt;                                         \
-        } while (mokka_seq_retry(mokka_seq_));            \
-    } while (0)
+/* The record behind a handle, in the copy readers use now. */
+static inline const mokka_gpu_t *mokka_handle_gpu(const struct nvmlDevice_st *d) { return mokka_gpu_now(d->slot); }
 
 /* Validate an nvmlDevice_t and fetch its record; returns from the caller on error. */
-nvmlReturn_t mokka_device(nvmlDevice_t device, const mokka_gpu_t **out);
+static inline nvmlReturn_t mokka_device(nvmlDevice_t device, const mokka_gpu_t **out) {
+    if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
+    const struct nvmlDevice_st *d = device;
+    if (d < g_mokka.devices || d >= g_mokka.devices + g_mokka.visible_count ||
+        ((uintptr_t)d - (uintptr_t)g_mokka.devices) % sizeof *d != 0 || d->magic != MOKKA_HANDLE_MAGIC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const mokka_gpu_t *g = mokka_handle_gpu(d);
+    if (__atomic_load_n(&g->flags, __ATOMIC_RELAXED) & MOKKA_GPU_LOST) return NVML_ERROR_GPU_IS_LOST;
+    *out = g;
+    return NVML_SUCCESS;
+}
 #define GET_GPU(device, g)                                         \
     const mokka_gpu_t *g;                                          \
     do {                                                           \
@@ -65,6 +63,5 @@ const mokka_gpu_t *mokka_gpu_by_bus_id(const char *bus_id);
 unsigned mokka_processes(const mokka_gpu_t *g, unsigned type, mokka_process_t out[MOKKA_MAX_PROCS]);
 nvmlReturn_t mokka_copy_string(char *dst, unsigned int length, const char *src, size_t src_size);
 #define COPY_FIELD(dst, length, field) mokka_copy_string((dst), (length), (field), sizeof(field))
-static inline int mokka_is_na(uint32_t v) { return v == (uint32_t)MOKKA_NA; }
 
 #endif

@@ -101,7 +101,7 @@ static nvmlReturn_t graphics_processes(nvmlDevice_t d, unsigned int *count, unsi
 static nvmlReturn_t gpu_part_number(nvmlDevice_t device, char *buf, unsigned int length) {
     GET_GPU(device, g);
     char pn[sizeof g->gpu_part_number];
-    MOKKA_READ(memcpy(pn, g->gpu_part_number, sizeof pn));
+    MOKKA_READ(g, memcpy(pn, g->gpu_part_number, sizeof pn));
     return mokka_copy_string(buf, length, pn, sizeof pn);
 }
 
