@@ -30,7 +30,13 @@ class Staged:
         return self.root.libdir
 
     def env(self, **extra: str) -> dict[str, str]:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_LIBRARY_PATH": str(self.libdir)}
+        # PYTHONMALLOC=debug: CPython checks every heap block, so a library writing past a
+        # struct a Python binding allocated aborts the consumer instead of passing unnoticed.
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LD_LIBRARY_PATH": str(self.libdir),
+            "PYTHONMALLOC": "debug",
+        }
         env.update(extra)
         return env
 

@@ -230,7 +230,8 @@ EXPORT nvmlReturn_t nvmlSystemGetDriverBranch(nvmlSystemDriverBranchInfo_t *info
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
     if (!info || length < 8) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned major = (unsigned)atoi(g_state.hdr->driver_version);
-    snprintf(info->branch, sizeof info->branch, "r%u_00", major);
+    size_t room = length < sizeof info->branch ? length : sizeof info->branch;
+    snprintf(info->branch, room, "r%u_00", major);
     return NVML_SUCCESS;
 }
 

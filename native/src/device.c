@@ -143,32 +143,39 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *
     fill_pci(g, pci);
     return NVML_SUCCESS;
 }
-EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) {
-    return nvmlDeviceGetPciInfo_v3(device, pci);
-}
 
-/* The first NVML layout: busId[16], five ids, four reserved words (52 bytes). */
+/* The layout of _v1 and _v2 (and of the unversioned legacy names): busId[16] in the
+ * 4-digit-domain form, five ids, four reserved words: 52 bytes, where v3 has 68. The caller
+ * holds only those 52 bytes, so nothing beyond them may be written. */
 typedef struct {
-    char busId[16];
+    char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE];
     unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
     unsigned int reserved[4];
-} pci_info_v1_t;
+} pci_info_legacy_t;
+_Static_assert(sizeof(pci_info_legacy_t) == 52, "the legacy nvmlPciInfo_t is 52 bytes");
 
-EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+static void write_legacy_pci(const nvmlPciInfo_t *full, void *out) {
+    pci_info_legacy_t legacy;
+    memset(&legacy, 0, sizeof legacy);
+    memcpy(legacy.busId, full->busIdLegacy, sizeof legacy.busId);
+    legacy.domain = full->domain;
+    legacy.bus = full->bus;
+    legacy.device = full->device;
+    legacy.pciDeviceId = full->pciDeviceId;
+    legacy.pciSubSystemId = full->pciSubSystemId;
+    memcpy(out, &legacy, sizeof legacy);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) {
     GET_GPU(device, g);
     NEED(pci);
     nvmlPciInfo_t full;
     fill_pci(g, &full);
-    pci_info_v1_t v1;
-    memset(&v1, 0, sizeof v1);
-    memcpy(v1.busId, full.busIdLegacy, sizeof v1.busId);
-    v1.domain = full.domain;
-    v1.bus = full.bus;
-    v1.device = full.device;
-    v1.pciDeviceId = full.pciDeviceId;
-    v1.pciSubSystemId = full.pciSubSystemId;
-    memcpy(pci, &v1, sizeof v1);
+    write_legacy_pci(&full, pci);
     return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetPciInfo_v2(device, pci);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoExt_t *pci) {
@@ -1018,8 +1025,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, uns
     pci->pciDeviceId = 0xFFFFFFFFu;
     return NVML_SUCCESS;
 }
+/* v1 fills the 52-byte legacy layout (see nvmlDeviceGetPciInfo_v2). */
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci) {
-    return nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, pci);
+    NEED(pci);
+    nvmlPciInfo_t full;
+    nvmlReturn_t r = nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, &full);
+    if (r == NVML_SUCCESS) write_legacy_pci(&full, pci);
+    return r;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
@@ -1170,12 +1182,22 @@ EXPORT nvmlReturn_t nvmlDeviceGetGridLicensableFeatures_v4(nvmlDevice_t device, 
     memset(features, 0, sizeof *features);
     return NVML_SUCCESS;
 }
+/* v1..v3: each version's feature records are smaller than v4's; with no feature to list,
+ * only the two leading words, which every version shares, are written. */
+static nvmlReturn_t no_licensable_features(nvmlDevice_t device, nvmlGridLicensableFeatures_t *features) {
+    GET_GPU(device, g);
+    (void)g;
+    NEED(features);
+    features->isGridLicenseSupported = 0;
+    features->licensableFeaturesCount = 0;
+    return NVML_SUCCESS;
+}
 EXPORT nvmlReturn_t nvmlDeviceGetGridLicensableFeatures_v3(nvmlDevice_t d, nvmlGridLicensableFeatures_t *f) {
-    return nvmlDeviceGetGridLicensableFeatures_v4(d, f);
+    return no_licensable_features(d, f);
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGridLicensableFeatures_v2(nvmlDevice_t d, nvmlGridLicensableFeatures_t *f) {
-    return nvmlDeviceGetGridLicensableFeatures_v4(d, f);
+    return no_licensable_features(d, f);
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGridLicensableFeatures(nvmlDevice_t d, nvmlGridLicensableFeatures_t *f) {
-    return nvmlDeviceGetGridLicensableFeatures_v4(d, f);
+    return no_licensable_features(d, f);
 }

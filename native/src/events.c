@@ -50,6 +50,14 @@ EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long 
     return NVML_SUCCESS;
 }
 
+/* nvmlEventSetWait (v1) fills this: the fields before MIG's instance ids (24 bytes). */
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+} event_data_v1_t;
+_Static_assert(sizeof(event_data_v1_t) == offsetof(nvmlEventData_t, gpuInstanceId), "v1 is v2's prefix");
+
 static int pending(nvmlEventSet_t set, nvmlEventData_t *data) {
     for (unsigned i = 0; i < g_mokka.visible_count; i++) {
         if (!(set->types[i] & nvmlEventTypeXidCriticalError)) continue;
@@ -68,9 +76,7 @@ static int pending(nvmlEventSet_t set, nvmlEventData_t *data) {
     return 0;
 }
 
-EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
-    if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
-    if (!set || set->magic != EVENT_SET_MAGIC || !data) return NVML_ERROR_INVALID_ARGUMENT;
+static nvmlReturn_t wait_event(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
     for (;;) {
@@ -88,6 +94,17 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
     }
 }
 
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
+    if (!set || set->magic != EVENT_SET_MAGIC || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    return wait_event(set, data, timeout_ms);
+}
+
 EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
-    return nvmlEventSetWait_v2(set, data, timeout_ms);
+    if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
+    if (!set || set->magic != EVENT_SET_MAGIC || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlEventData_t full;
+    nvmlReturn_t r = wait_event(set, &full, timeout_ms);
+    if (r == NVML_SUCCESS) memcpy(data, &full, sizeof(event_data_v1_t));
+    return r;
 }
