@@ -164,23 +164,58 @@ def test_sanitizer_build_under_nvidia_smi(
         assert res.returncode in (0, 6, 255) or args == ["topo", "-m"], (args, res.returncode, res.stderr[-2000:])
 
 
-@pytest.mark.slow
-def test_fuzz_state_loader(tmp_path: Path, stage: Callable[..., Staged]) -> None:
+@pytest.fixture(scope="module")
+def fuzz_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not shutil.which("clang"):
-        pytest.fail("clang is required for the fuzz target (installed by .ci/run)")
-    build = tmp_path / "build"
+        pytest.fail("clang is required for the fuzz target (installed by .ci/setup)")
+    build = tmp_path_factory.mktemp("fuzzbuild")
     subprocess.run(["make", "-s", "-C", str(NATIVE), f"BUILD={build}", f"PYTHON={sys.executable}", "fuzz"], check=True)
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    shutil.copy(stage("h100", 2).root.state, corpus / "h100x2")
-    shutil.copy(stage("t4").root.state, corpus / "t4")
+    return build / "fuzz_state"
+
+
+def test_fuzz_corpus_replays(fuzz_target: Path, tmp_path: Path) -> None:
+    """Every kept input (native/fuzz/corpus/) runs clean, leaving nothing behind."""
+    inputs = sorted((NATIVE / "fuzz" / "corpus").iterdir())
+    assert inputs
     res = subprocess.run(
-        [str(build / "fuzz_state"), "-max_total_time=15", "-max_len=200000", str(corpus)],
+        [str(fuzz_target), f"-artifact_prefix={tmp_path}/", *map(str, inputs)],
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert res.returncode == 0, res.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_fuzz_state_loader(fuzz_target: Path, tmp_path: Path, stage: Callable[..., Staged]) -> None:
+    """A short fuzz run in a temporary directory: seeds from compiled profiles and the kept
+    corpus; crashes would land in the temporary directory (the report names them)."""
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    (seeds / "h100x2").write_bytes(state.read(stage("h100", 2).root.state))
+    (seeds / "t4").write_bytes(state.read(stage("t4").root.state))
+    work = tmp_path / "work"
+    work.mkdir()
+    before = set(Path("/tmp").glob("mokka-fuzz-*"))
+    res = subprocess.run(
+        [
+            str(fuzz_target),
+            "-max_total_time=15",
+            "-max_len=200000",
+            f"-artifact_prefix={work}/",
+            str(seeds),
+            str(NATIVE / "fuzz" / "corpus"),
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert list(work.iterdir()) == [], "the fuzzer left artifacts"
+    assert set(Path("/tmp").glob("mokka-fuzz-*")) == before
 
 
 def test_profile_limits_match_the_layout() -> None:

@@ -1,20 +1,29 @@
-/* libFuzzer target for the state loader: any byte string written as the state file
- * must make nvmlInit fail cleanly or yield devices whose getters all behave. */
+/* libFuzzer target for the state loader: any byte string given as the state (a state file,
+ * or a file ending in a trailer as a library carrying one) must make nvmlInit fail cleanly
+ * or yield devices whose getters all behave. The input lives in a memfd named by
+ * MOKKA_STATE=/proc/self/fd/N: nothing is written to disk. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "../src/internal.h"
 
-static char path[64];
+static int state_fd = -1;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    snprintf(path, sizeof path, "/tmp/mokka-fuzz-%d.bin", (int)getpid());
+    state_fd = memfd_create("mokka-fuzz-state", 0);
+    if (state_fd < 0) {
+        perror("memfd_create");
+        abort();
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", state_fd);
     setenv("MOKKA_STATE", path, 1);
     setenv("MOKKA_QUIET", "1", 1);
     setenv("MOKKA_IGNORE_DEVICE_NODES", "1", 1);
@@ -22,10 +31,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    fwrite(data, 1, size, f);
-    fclose(f);
+    if (ftruncate(state_fd, 0) != 0 || pwrite(state_fd, data, size, 0) != (ssize_t)size) return 0;
     if (nvmlInit_v2() != NVML_SUCCESS) return 0;
     unsigned count = 0;
     nvmlDeviceGetCount_v2(&count);
@@ -38,6 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         nvmlMemory_t mem;
         nvmlPciInfo_t pci;
         nvmlProcessInfo_t procs[32];
+        nvmlFieldValue_t field = {.fieldId = NVML_FI_DEV_ECC_SBE_VOL_TOTAL};
         nvmlDeviceGetName(d, buf, sizeof buf);
         nvmlDeviceGetUUID(d, buf, sizeof buf);
         nvmlDeviceGetSerial(d, buf, sizeof buf);
@@ -57,6 +64,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         nvmlDeviceGetTotalEccErrors(d, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, &ull);
         nvmlDeviceGetTotalEnergyConsumption(d, &ull);
         nvmlDeviceGetNvLinkState(d, i % 20, (nvmlEnableState_t *)&u);
+        nvmlDeviceGetFieldValues(d, 1, &field);
     }
     nvmlSystemGetDriverVersion((char[80]){0}, 80);
     nvmlShutdown();
