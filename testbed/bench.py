@@ -1,7 +1,8 @@
 """`mokka bench`: measure the mock NVML library and print the figures side by side.
 
 Figures (medians over repeated runs, never asserted in tests):
-  * ns per call of nvmlDeviceGetPowerUsage / nvmlDeviceGetMemoryInfo (C loop, 1M calls)
+  * ns per call of nvmlDeviceGetPowerUsage / nvmlDeviceGetMemoryInfo (C loop, 1M calls), and
+    the same with the state's counter left odd, as a writer killed mid-update leaves it
   * dlopen and nvmlInit_v2 time in a fresh process
   * wall time and peak RSS of `nvidia-smi -q -x` with the mock, against nvidia-smi with
     no NVML library at all (it exits at once: the floor of its own start-up cost)
@@ -11,6 +12,7 @@ Figures (medians over repeated runs, never asserted in tests):
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpumodel import driver_root
+from gpumodel import driver_root, state
 from gpumodel.native import library_path
 from gpumodel.profile import Profile
 
@@ -50,6 +52,21 @@ def timed_child(exe: Path, argv: list[str], env: dict[str, str]) -> tuple[float,
     return out["wall_ms"] / 1000, out["maxrss_kb"] / 1024
 
 
+def stuck_copy(library: Path, out: Path) -> Path:
+    """A copy of a staged library whose state counter is left odd (a writer killed while
+    rewriting copy 0): what readers must answer from without waiting."""
+    shutil.copyfile(library, out)
+    fd = os.open(out, os.O_RDWR)
+    try:
+        offset, _ = state.locate(fd, str(out))
+        at = offset + state.ffi().offsetof("mokka_header_t", "seq")
+        seq = int.from_bytes(os.pread(fd, 4, at), "little")
+        os.pwrite(fd, (seq | 1).to_bytes(4, "little"), at)
+    finally:
+        os.close(fd)
+    return out
+
+
 def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None:
     exe = bench_binary()
     with tempfile.TemporaryDirectory(prefix="mokka-bench-") as tmp:
@@ -61,6 +78,16 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
         out = _kv(
             subprocess.run(
                 [str(exe), lib, "calls", str(calls)], env=env, check=True, capture_output=True, text=True
+            ).stdout
+        )
+        stuck = stuck_copy(root.library, Path(tmp) / "stuck.so")
+        out_stuck = _kv(
+            subprocess.run(
+                [str(exe), lib, "calls", str(calls)],
+                env={**env, "MOKKA_STATE": str(stuck)},
+                check=True,
+                capture_output=True,
+                text=True,
             ).stdout
         )
         inits = [
@@ -75,14 +102,18 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
         rows = [
             ("nvmlDeviceGetPowerUsage (ns/call)", out["power_ns"], TARGETS["call_ns"]),
             ("nvmlDeviceGetMemoryInfo (ns/call)", out["memory_ns"], TARGETS["call_ns"]),
+            ("  the same, counter stuck odd (ns/call)", out_stuck["memory_ns"], TARGETS["call_ns"]),
             ("nvmlInit_v2 in a fresh process (us)", init_us, TARGETS["init_us"]),
             ("dlopen of the library (us)", load_us, None),
             ("library size (MB)", size_mb, TARGETS["library_mb"]),
         ]
         for name, value, target in rows:
             ratio = f"{value / target:.2f}" if target else ""
+            missed = "  MISSED" if target and value > target else ""
             print(
-                f"{name:<44}{value:>12.2f}{(target or 0):>12.2f}{ratio:>9}" if target else f"{name:<44}{value:>12.2f}"
+                f"{name:<44}{value:>12.2f}{(target or 0):>12.2f}{ratio:>9}{missed}"
+                if target
+                else f"{name:<44}{value:>12.2f}"
             )
 
         smi_path = Path(smi) if smi else nvidia_smi.find()
