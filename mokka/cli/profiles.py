@@ -91,7 +91,7 @@ def profile_validate(files: tuple[str, ...]) -> None:
 @GPUS_OPTION
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Directory to stage.")
 def driver_root_cmd(profile_name: str, gpus: int | None, out: Path) -> None:
-    """Stage a mock driver root: libnvidia-ml.so.<version>, its links and the state.
+    """Stage a mock driver root: libnvidia-ml.so.<version> carrying the state, libcuda, links.
 
     Afterwards any NVML consumer run with LD_LIBRARY_PATH=OUT/usr/lib64 sees the
     profile's GPUs, e.g. `LD_LIBRARY_PATH=OUT/usr/lib64 nvidia-smi`.
@@ -108,6 +108,6 @@ def driver_root_cmd(profile_name: str, gpus: int | None, out: Path) -> None:
     except OSError as exc:
         fail(f"{out}: {exc.strerror or exc}")
     click.echo(f"staged {p.gpu_count}x {p.gpu.name} (profile {p.name}, driver {p.driver.version})")
-    click.echo(f"  library: {root.library}")
-    click.echo(f"  state:   {root.state}")
+    click.echo(f"  library: {root.library} (carries the state)")
+    click.echo(f"  libcuda: {root.cuda}")
     click.echo(f"try: LD_LIBRARY_PATH={root.libdir} nvidia-smi")
