@@ -24,6 +24,8 @@ def test_pip_install_builds_and_ships_the_native_libraries(tmp_path: Path) -> No
     bundled = list(venv.glob("lib/python3*/site-packages/gpumodel/_native"))
     assert bundled and {p.name for p in bundled[0].iterdir()} >= {
         "libnvidia-ml.so",
+        "libcuda.so",
+        "libmokka-state.so",
         "libmokka-sysfs.so",
         "mokka_state.h",
     }
