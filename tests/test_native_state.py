@@ -227,3 +227,23 @@ def test_sixteen_readers_never_see_a_torn_update(
     assert torn == 0, out
     assert reads > 10_000 and values > 100, f"the readers must overlap the writer: {out}"
     assert live.stat().st_ino == inode, "updates rewrite in place, never replace the file"
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from gpumodel import state
+with state.locked(Path(sys.argv[1])):
+    print("locked", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_writer_does_not_block_the_next(tmp_path: Path, stage: Callable[..., Staged]) -> None:
+    live = live_copy(stage("h100", 1), tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(live)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    holder.kill()  # SIGKILL while holding the writer lock
+    holder.wait(timeout=10)
+    res = subprocess.run([sys.executable, "-c", COUNTER, str(live), "1"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
