@@ -16,13 +16,12 @@ Version rules and name syntax are facts from the reference implementation
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpumodel import atomic
 from gpumodel.edits import ContainerEdits, DeviceNode, Mount, common_edits, container_edits
 from gpumodel.nodelayout import GpuNode, NodeLayout
 
@@ -341,25 +340,9 @@ def write(spec: Mapping[str, Any], directory: Path = DEFAULT_DIR) -> Path:
         pass
     except OSError as exc:
         raise CdiError(f"cannot read existing CDI spec {target}: {exc.strerror or exc}") from None
-    tmp: str | None = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fchmod(fh.fileno(), 0o644)
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-        tmp = None
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        atomic.write(target, data, 0o644, tmp_suffix=True)  # runtimes watching the directory skip *.tmp
     except OSError as exc:
         raise CdiError(f"cannot write CDI spec into {directory}: {exc.strerror or exc}") from None
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
     return target

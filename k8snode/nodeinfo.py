@@ -27,13 +27,13 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpumodel import atomic
 from gpumodel.profile import MIB, Profile
 
 LABEL_DOMAIN = "nvidia.com"
@@ -497,11 +497,7 @@ class NodeIdentity:
             self.nfd_dir.mkdir(parents=True, exist_ok=True)
             if path.exists() and path.read_text() == text:
                 return
-            fd, tmp = tempfile.mkstemp(dir=self.nfd_dir, prefix=".mokka-")
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)  # NFD must never read a half-written file
+            atomic.write(path, text.encode(), 0o644)  # NFD must never read a half-written file
         except OSError as exc:
             raise NodeInfoError(f"{path}: cannot write the NFD feature file: {exc.strerror or exc}") from None
 
