@@ -15,14 +15,9 @@ from .nodelayout import GpuNode, NodeLayout
 
 READ_ONLY = ("ro", "nosuid", "nodev", "bind")
 
-# Device numbers. The real driver uses major 195 (GPUs 0..n, nvidia-modeset 254,
-# nvidiactl 255) and a dynamic major for nvidia-uvm. On a node where a real NVIDIA driver
-# is loaded Mokka must not hand out those numbers: it uses majors from the Linux
-# "local/experimental use" range (devices.txt: 120-127), which no driver allocates.
-REAL_MAJORS = {"gpu": 195, "uvm": 510}
-SAFE_MAJORS = {"gpu": 120, "uvm": 121}
-
-LIBDIR_IN_CONTAINER = "/usr/lib/x86_64-linux-gnu"
+# Where Debian/Ubuntu images look for libraries, by the node's machine (``uname -m``);
+# GB200/GB300 nodes are aarch64.
+LIBDIRS_IN_CONTAINER = {"x86_64": "/usr/lib/x86_64-linux-gnu", "aarch64": "/usr/lib/aarch64-linux-gnu"}
 SMI_IN_CONTAINER = "/usr/bin/nvidia-smi"
 SHIM_IN_CONTAINER = "/usr/lib/mokka/libmokka-sysfs.so"
 TREES_IN_CONTAINER = "/run/mokka/root"  # MOKKA_SYSFS_ROOT: the staged sys/ and proc/ trees
@@ -72,6 +67,11 @@ def gpu_node(layout: NodeLayout, gpu: GpuNode) -> DeviceNode:
     return DeviceNode(f"/dev/nvidia{gpu.minor}", layout.gpu_major, gpu.minor, f"{layout.dev_root}/nvidia{gpu.minor}")
 
 
+def libdir_in_container(layout: NodeLayout) -> str:
+    """The library directory of the node's architecture inside a container."""
+    return LIBDIRS_IN_CONTAINER[layout.machine]
+
+
 def common_edits(layout: NodeLayout) -> ContainerEdits:
     """What every GPU container gets, whichever GPUs: control nodes, libraries, env.
 
@@ -79,13 +79,14 @@ def common_edits(layout: NodeLayout) -> ContainerEdits:
     container needs to see the node (and its live changes)."""
     version = layout.driver_version
     lib = layout.library
+    libdir = libdir_in_container(layout)
     mounts = [
-        Mount(lib, f"{LIBDIR_IN_CONTAINER}/libnvidia-ml.so.{version}"),
-        Mount(lib, f"{LIBDIR_IN_CONTAINER}/libnvidia-ml.so.1"),
+        Mount(lib, f"{libdir}/libnvidia-ml.so.{version}"),
+        Mount(lib, f"{libdir}/libnvidia-ml.so.1"),
     ]
     if layout.cuda_library:
-        mounts.append(Mount(layout.cuda_library, f"{LIBDIR_IN_CONTAINER}/libcuda.so.{version}"))
-        mounts.append(Mount(layout.cuda_library, f"{LIBDIR_IN_CONTAINER}/libcuda.so.1"))
+        mounts.append(Mount(layout.cuda_library, f"{libdir}/libcuda.so.{version}"))
+        mounts.append(Mount(layout.cuda_library, f"{libdir}/libcuda.so.1"))
     if layout.nvidia_smi:
         mounts.append(Mount(layout.nvidia_smi, SMI_IN_CONTAINER))
     env: list[str] = []

@@ -11,6 +11,12 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+MACHINES = ("x86_64", "aarch64")
+
+
+class LayoutError(ValueError):
+    """node.json is missing, unreadable or not a node layout; the message names the file."""
+
 
 @dataclass(frozen=True)
 class GpuNode:
@@ -36,6 +42,7 @@ class NodeLayout:
     nvidia_smi: str | None = None  # staged nvidia-smi binary, when the user provided one
     sysfs_shim: str | None = None  # LD_PRELOAD library redirecting /sys and /proc lookups
     cuda_library: str | None = None  # staged libcuda.so.<version> (None: staged by an older Mokka)
+    machine: str = "x86_64"  # the node's architecture (uname -m): picks the library directory in containers
     extra: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -43,13 +50,33 @@ class NodeLayout:
 
     @classmethod
     def from_json(cls, text: str) -> NodeLayout:
-        data = json.loads(text)
-        data["gpus"] = tuple(GpuNode(**g) for g in data["gpus"])
-        return cls(**data)
+        """Parse node.json; LayoutError (a ValueError) names what is wrong."""
+        try:
+            data = json.loads(text)
+            data["gpus"] = tuple(GpuNode(**g) for g in data["gpus"])
+            layout = cls(**data)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise LayoutError(f"not a node layout ({type(exc).__name__}: {exc})") from None
+        if layout.machine not in MACHINES:
+            raise LayoutError(f"machine {layout.machine!r} is not one of {', '.join(MACHINES)}")
+        return layout
 
     @classmethod
     def load(cls, root: Path) -> NodeLayout:
-        return cls.from_json((root / "node.json").read_text())
+        """``<root>/node.json``; FileNotFoundError when absent, LayoutError when unusable."""
+        path = root / "node.json"
+        try:
+            text = path.read_bytes().decode()
+        except FileNotFoundError:
+            raise
+        except UnicodeDecodeError:
+            raise LayoutError(f"{path}: not a node layout (not UTF-8 text)") from None
+        except OSError as exc:
+            raise LayoutError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        try:
+            return cls.from_json(text)
+        except LayoutError as exc:
+            raise LayoutError(f"{path}: {exc}") from None
 
     def select(self, wanted: Iterable[str]) -> list[GpuNode]:
         """GPUs by index or UUID ("all" for every GPU); unknown names raise KeyError."""

@@ -1,28 +1,32 @@
 """`mokka host setup` / `mokka host cleanup`: stage a mock NVIDIA node under one root.
 
 One plan, derived once from the validated profile, lists every step; ``apply`` runs the
-steps through a :class:`~hostsetup.journal.Journal`, so each step is idempotent, atomic
-and recorded, and ``cleanup`` restores the node byte for byte. Everything is computed
-(profile compiled, paths checked) before the first write: a bad profile or an
-unwritable root changes nothing.
+steps through the crash-safe :class:`~hostsetup.journal.Journal` at ``ROOT/.mokka/journal.jsonl``,
+so each step is idempotent, recorded before it changes anything, and ``cleanup`` restores the
+node byte for byte, also after a setup that was killed at any point. Everything is computed
+(profile compiled, paths checked, device numbers chosen) before the first write: a bad
+profile or an unwritable root changes nothing. A re-run converges on the new plan: what an
+earlier run staged and this one does not (GPUs beyond the new count, an nvidia-smi no longer
+asked for, a /run/nvidia link) is undone.
 
 Layout under ROOT (default /var/lib/mokka)::
 
     driver/usr/lib64/libnvidia-ml.so.<ver> (+ .so.1, .so)   the mock NVML, carrying the compiled state
     driver/usr/lib64/libcuda.so.<ver> (+ .so.1, .so)        the mock CUDA driver API
-    driver/usr/bin/nvidia-smi                                when --nvidia-smi is given
+    driver/usr/bin/nvidia-smi                                the nvidia-smi binary given
     dev/nvidia0..N-1, nvidiactl, nvidia-uvm, ...             device nodes
     proc/driver/nvidia/..., proc/modules                     driver's procfs files
     sys/...                                                  PCI sysfs tree, /sys/module/nvidia
     lib/libmokka-sysfs.so                                    LD_PRELOAD redirect for C tools
     node.json                                                the layout the plugin and CDI read
+    .mokka/journal.jsonl                                     what to undo
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import shutil
-import tempfile
+import platform
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +35,15 @@ from gpumodel import driver_root, edits, nodelayout, state
 from gpumodel.native import NativeMissing, library_path
 from gpumodel.profile import Profile
 
+from . import majors, sysfs
 from .journal import Journal, JournalError
 
 DEFAULT_ROOT = Path("/var/lib/mokka")
-RUN_NVIDIA = Path("/run/nvidia")
+JOURNAL = Path(".mokka/journal.jsonl")
 
 
 class SetupError(Exception):
-    """Host setup cannot proceed; nothing was changed."""
+    """Host setup cannot proceed; nothing was changed (or this run's changes were undone)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class Options:
     run_nvidia: Path | None = None  # where to make the /run/nvidia/driver link (None: skip)
     toolkit_ready: bool = False  # write <run_nvidia>/validations/toolkit-ready
     proc_devices: Path = Path("/proc/devices")
+    machine: str | None = None  # the node's architecture; default: this machine's (uname -m)
 
 
 @dataclass
@@ -67,26 +73,19 @@ class Plan:
     def describe(self) -> str:
         lines = [
             f"host setup: {self.profile.gpu_count}x {self.profile.gpu.name} (profile {self.profile.name}) "
-            f"under {self.options.root}"
+            f"under {self.layout.root}"
         ]
         lines += [f"  {i + 1:2d}. {s.description}" for i, s in enumerate(self.steps)]
         return "\n".join(lines)
 
 
-def real_driver_loaded(proc_devices: Path) -> bool:
-    try:
-        text = proc_devices.read_text()
-    except OSError:
-        return False
-    return any(line.split()[-1:] in (["nvidia"], ["nvidia-frontend"]) for line in text.splitlines())
+def resolve_root(root: Path) -> Path:
+    """The root as every run spells it (symbolic links resolved, also below a missing tail)."""
+    return Path(os.path.realpath(root))
 
 
-def choose_majors(options: Options) -> tuple[int, int]:
-    mode = options.majors
-    if mode == "auto":
-        mode = "safe" if real_driver_loaded(options.proc_devices) else "real"
-    table = edits.REAL_MAJORS if mode == "real" else edits.SAFE_MAJORS
-    return table["gpu"], table["uvm"]
+def journal_path(root: Path) -> Path:
+    return resolve_root(root) / JOURNAL
 
 
 def _check_writable(root: Path) -> None:
@@ -101,20 +100,23 @@ def _check_writable(root: Path) -> None:
 
 def plan(profile: Profile, options: Options) -> Plan:
     """Every step of host setup, computed up front; raises SetupError before any write."""
-    root = options.root.resolve() if options.root.exists() else options.root.absolute()
+    root = resolve_root(options.root)
     _check_writable(root)
+    machine = options.machine or platform.machine()
+    if machine not in nodelayout.MACHINES:
+        raise SetupError(f"machine {machine!r}: Mokka stages nodes for {', '.join(nodelayout.MACHINES)}")
     if options.nvidia_smi is not None and not options.nvidia_smi.is_file():
         raise SetupError(f"--nvidia-smi {options.nvidia_smi}: no such file")
     try:
         staged = driver_root.contents(profile)
-    except (state.StateError, NativeMissing) as exc:
+        numbers = majors.choose(options.majors, options.proc_devices)
+    except (state.StateError, NativeMissing, majors.MajorError) as exc:
         raise SetupError(str(exc)) from None
     shim: Path | None
     try:
         shim = library_path("libmokka-sysfs.so")
     except NativeMissing:
         shim = None
-    gpu_major, uvm_major = choose_majors(options)
     devices = profile.devices()
     version = profile.driver.version
     libdir = root / "driver" / "usr" / "lib64"
@@ -125,12 +127,13 @@ def plan(profile: Profile, options: Options) -> Plan:
         libdir=str(libdir),
         state=str(libdir / f"libnvidia-ml.so.{version}"),  # the library carries the state
         dev_root=str(root / "dev"),
-        gpu_major=gpu_major,
-        uvm_major=uvm_major,
+        gpu_major=numbers.gpu,
+        uvm_major=numbers.uvm,
         gpus=tuple(nodelayout.GpuNode(d.index, d.uuid, d.bus_id, d.index) for d in devices),
         nvidia_smi=str(root / "driver" / "usr" / "bin" / "nvidia-smi") if options.nvidia_smi else None,
         sysfs_shim=str(root / "lib" / "libmokka-sysfs.so") if shim else None,
         cuda_library=str(libdir / f"libcuda.so.{version}"),
+        machine=machine,
     )
     p = Plan(profile, options, layout)
 
@@ -141,6 +144,7 @@ def plan(profile: Profile, options: Options) -> Plan:
             # the same build is refreshed in place under the writer lock (which also repairs
             # a counter a killed writer left), anything else is replaced whole.
             if f.live and j.owns(target) and driver_root.refreshed_in_place(staged, target):
+                j.keep(target)
                 continue
             j.write(target, f.data, f.mode)
         for name, target_name in staged.links:
@@ -154,29 +158,25 @@ def plan(profile: Profile, options: Options) -> Plan:
 
         def smi(j: Journal) -> None:
             assert layout.nvidia_smi is not None
-            j.copy(smi_src, Path(layout.nvidia_smi), 0o755)
+            j.write(Path(layout.nvidia_smi), smi_src.read_bytes(), 0o755)
 
         p.steps.append(Step(f"nvidia-smi from {smi_src} -> {layout.nvidia_smi}", smi))
 
     def nodes(j: Journal) -> None:
-        for node in [edits.gpu_node(layout, g) for g in layout.gpus] + edits.control_nodes(layout):
-            j.mknod(Path(node.host_path), node.major, node.minor)
+        wanted = [edits.gpu_node(layout, g) for g in layout.gpus] + edits.control_nodes(layout)
+        j.mknods((Path(n.host_path), n.major, n.minor, n.file_mode) for n in wanted)
 
     p.steps.append(
         Step(
-            f"device nodes under {layout.dev_root}: nvidia0..{len(devices) - 1} (major {gpu_major}), "
-            f"nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools (major {uvm_major})",
+            f"device nodes under {layout.dev_root}: nvidia0..{len(devices) - 1} (major {numbers.gpu}), "
+            f"nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools (major {numbers.uvm}; {numbers.mode} numbers)",
             nodes,
         )
     )
 
     def trees(j: Journal) -> None:
-        from . import sysfs
-
-        with tempfile.TemporaryDirectory(dir=root, prefix=".trees-") as tmp:
-            sysfs.write_tree(profile, Path(tmp))
-            for top in ("sys", "proc"):
-                _install_tree(j, Path(tmp) / top, root / top)
+        for top in sysfs.TOPS:
+            j.install_tree(root / top, functools.partial(sysfs.write_subtree, profile, top))
 
     p.steps.append(
         Step(
@@ -194,7 +194,7 @@ def plan(profile: Profile, options: Options) -> Plan:
 
         p.steps.append(Step(f"sysfs/procfs redirect shim -> {layout.sysfs_shim}", shim_step))
     if options.run_nvidia is not None:
-        run_dir = options.run_nvidia
+        run_dir = options.run_nvidia.absolute()
 
         def run_links(j: Journal) -> None:
             j.symlink(run_dir / "driver", str(root / "driver"))
@@ -211,39 +211,62 @@ def plan(profile: Profile, options: Options) -> Plan:
     return p
 
 
-def _install_tree(j: Journal, src: Path, dst: Path) -> None:
-    """Replace the staged tree ``dst`` by ``src`` (a complete new tree) in one rename."""
-    if dst.exists() and not j.owns(dst):
-        raise JournalError(f"{dst}: exists and was not made by Mokka; refusing to replace it")
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(dst, old)
-        os.rename(src, dst)
-        shutil.rmtree(old)
-    else:
-        j.mkdir(dst.parent)
-        os.rename(src, dst)
-        j.adopt_dir(dst)
+def apply(p: Plan, progress: Callable[[str], None] = lambda s: None) -> list[str]:
+    """Run every step, then undo what earlier runs staged and this plan does not; return those undos.
 
-
-def apply(p: Plan, progress: Callable[[str], None] = lambda s: None) -> None:
-    """Run every step; on failure undo what this run changed and re-raise."""
+    An interrupted earlier run is rolled back first. On failure what this run added is undone
+    and SetupError raised.
+    """
     root = Path(p.layout.root)
-    journal = Journal.open(root)
-    before = len(journal.entries)
+    try:
+        journal = Journal.open(root / JOURNAL, f"mokka host setup under {root}")
+    except (OSError, JournalError) as exc:
+        raise SetupError(_describe(exc)) from None
+    since = journal.next_seq
     try:
         for i, step in enumerate(p.steps):
             progress(f"[{i + 1}/{len(p.steps)}] {step.description}")
             step.run(journal)
+        pruned = journal.prune()
+        journal.compact()
+        return journal.swept + pruned
     except (OSError, JournalError) as exc:
-        journal.undo(since=before)
-        raise SetupError(f"host setup failed, changes of this run undone: {exc}") from None
+        try:
+            journal.undo(since)
+            if not journal.entries:
+                journal.teardown()
+        except (OSError, JournalError) as again:
+            raise SetupError(
+                f"host setup failed ({_describe(exc)}) and undoing this run failed too ({_describe(again)}); "
+                f"run `mokka host cleanup --root {root}`"
+            ) from None
+        raise SetupError(f"host setup failed, what this run added is undone: {_describe(exc)}") from None
+    finally:
+        journal.close()
 
 
 def cleanup(root: Path) -> list[str]:
-    """Undo everything host setup recorded under ``root``."""
-    journal = Journal.open(root)
-    if not journal.entries:
-        return []
-    return journal.undo()
+    """Undo everything host setup recorded under ``root`` (also after a killed setup); [] if nothing was there.
+
+    Raises JournalError (the journal is unreadable or a change cannot be undone).
+    """
+    file = journal_path(root)
+    try:
+        done = Journal.sweep(file)
+        journal = Journal.open_existing(file)
+        if journal is None:
+            return done
+        try:
+            done += journal.undo()
+            done += journal.teardown()
+        finally:
+            journal.close()
+    except OSError as exc:
+        raise JournalError(f"host cleanup under {root} stopped: {_describe(exc)}; fix that and run it again") from None
+    return done
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc)

@@ -22,13 +22,13 @@ A C program sees these files at their real paths through ``native/sysfs`` (LD_PR
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpumodel import atomic, state
+from gpumodel import state
 from gpumodel.profile import Device, Profile, parse_bus_id
 from gpumodel.state import _cpu_mask
 
@@ -464,61 +464,47 @@ def directories(profile: Profile) -> list[Path]:
     return [Path("sys/bus/pci/slots"), *caps]
 
 
-def _write_atomic(path: Path, data: bytes) -> bool:
-    """Write ``data`` to ``path`` by temp file and rename; False (nothing written) when it is there already."""
-    if not path.is_symlink() and path.is_file() and path.read_bytes() == data:
-        return False
-    atomic.write(path, data, 0o644, fsync=False)  # a staged tree, moved into place whole
-    return True
+TOPS = ("sys", "proc")
 
 
-def _symlink_atomic(path: Path, target: str) -> bool:
-    """Point ``path`` at ``target`` by temp link and rename; False when it does already."""
-    if path.is_symlink() and os.readlink(path) == target:
-        return False
-    atomic.symlink(path, target)
-    return True
+def write_tree(profile: Profile, root: Path) -> None:
+    """Write the procfs/sysfs tree of ``profile`` into ``root``: ``root/sys`` and ``root/proc``."""
+    for top in TOPS:
+        write_subtree(profile, top, root / top)
 
 
-def _mkdirs(path: Path, created: list[Path]) -> None:
-    missing = []
-    p = path
-    while not p.is_dir():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        d.mkdir()
-        created.append(d)
+def write_subtree(profile: Profile, top: str, dest: Path) -> None:
+    """Write the part of the tree under ``top`` ("sys" or "proc") into ``dest``, a new or empty
+    directory (directories 0755, files 0644 whatever the umask).
 
-
-def write_tree(profile: Profile, root: Path) -> list[Path]:
-    """Write the procfs/sysfs tree of ``profile`` under ``root``.
-
-    Returns every path this call created (directories, files, links; parents before
-    children), so ``remove_tree`` undoes it. A file or link already there with the right
-    content is left alone, one with other content is replaced atomically (and not listed:
-    stage into a fresh directory, as host setup does, when byte-exact undo matters). A
-    second call with the same profile writes nothing and returns []. Nothing is deleted:
-    entries of GPUs a previous profile had stay, so stage a new root when the profile changes.
+    Nothing is synced or written atomically: host setup builds each part under a temporary name
+    and moves it into place whole, through its journal (``Journal.install_tree``).
     """
-    created: list[Path] = []
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()):
+        raise FileExistsError(errno.EEXIST, "not an empty directory", str(dest))
+
+    def mkdirs(path: Path) -> None:
+        missing = []
+        while not path.is_dir():
+            missing.append(path)
+            path = path.parent
+        for d in reversed(missing):
+            d.mkdir()
+            d.chmod(0o755)
+
     for rel in directories(profile):
-        _mkdirs(root / rel, created)
+        if rel.parts[0] == top:
+            mkdirs(dest / rel.relative_to(top))
     for rel, content in files(profile).items():
-        path = root / rel
-        _mkdirs(path.parent, created)
-        existed = path.is_symlink() or path.exists()
-        wrote = _symlink_atomic(path, content.target) if isinstance(content, Link) else _write_atomic(path, content)
-        if wrote and not existed:
-            created.append(path)
-    return created
-
-
-def remove_tree(created: list[Path]) -> None:
-    """Undo ``write_tree``: remove what it created, children before parents."""
-    for path in reversed(created):
-        if path.is_symlink() or path.is_file():
-            path.unlink()
-        elif path.is_dir():
-            with contextlib.suppress(OSError):
-                path.rmdir()
+        if rel.parts[0] != top:
+            continue
+        path = dest / rel.relative_to(top)
+        mkdirs(path.parent)
+        if isinstance(content, Link):
+            os.symlink(content.target, path)
+        else:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(content)
+                os.fchmod(fh.fileno(), 0o644)

@@ -12,6 +12,7 @@ Every test checks that nothing is left behind: processes, mounts, cgroups, direc
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 
 VERSIONS = ["1.7", "2.1"]
 PROFILE = "h100"
-LIBRARY_IN_CONTAINER = f"{edits.LIBDIR_IN_CONTAINER}/libnvidia-ml.so.1"
+LIBRARY_IN_CONTAINER = f"{edits.LIBDIRS_IN_CONTAINER[platform.machine()]}/libnvidia-ml.so.1"  # host setup's default
 # What the workload container prints, section by section.
 PROBE = (
     "echo '--- smi'; nvidia-smi -L; echo \"exit $?\"; "

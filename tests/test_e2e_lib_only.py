@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 import time
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 
 GPU = 1
 HOT = 91
-LIBDIR = edits.LIBDIR_IN_CONTAINER
+LIBDIR = edits.LIBDIRS_IN_CONTAINER[platform.machine()]  # host setup stages for this machine
 # Print GPU 1's temperature until the host's live change shows, at most ~60 s.
 WATCH = (
     "nvidia-smi -L; env | grep -c ^MOKKA_ || true; i=0; "

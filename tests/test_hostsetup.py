@@ -149,3 +149,124 @@ def test_cli_setup_then_cleanup(tmp_path: Path) -> None:
     res = mokka("host", "cleanup", "--root", str(root))
     assert res.returncode == 0, res.stderr
     assert not root.exists()
+
+
+def test_rerun_with_fewer_gpus_removes_what_the_surplus_had(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    node.apply(node.plan(profile.load("h100"), node.Options(root=root)))
+    assert (root / "dev/nvidia7").exists()
+    undone = node.apply(node.plan(profile.load("h100").with_count(2), node.Options(root=root)))
+    assert f"removed {root}/dev/nvidia7" in undone
+    rerun = snapshot(root)
+    node.cleanup(root)
+    node.apply(node.plan(profile.load("h100").with_count(2), node.Options(root=root)))
+    journal = str(root / ".mokka/journal.jsonl")
+    assert {k: v for k, v in snapshot(root).items() if k != journal} == {k: v for k, v in rerun.items() if k != journal}
+    assert sorted(p.name for p in (root / "dev").iterdir() if p.name[6:].isdigit()) == ["nvidia0", "nvidia1"]
+
+
+def test_rerun_without_an_option_undoes_what_it_staged(tmp_path: Path, smi_binary: Path) -> None:
+    root, run = tmp_path / "root", tmp_path / "run/nvidia"
+    run.mkdir(parents=True)
+    os.symlink("/opt/old-driver", run / "driver")
+    with_all = node.Options(root=root, nvidia_smi=smi_binary, run_nvidia=run, toolkit_ready=True)
+    node.apply(node.plan(profile.load("t4"), with_all))
+    assert (root / "driver/usr/bin/nvidia-smi").exists() and os.readlink(run / "driver") == str(root / "driver")
+    node.apply(node.plan(profile.load("t4"), node.Options(root=root)))
+    assert not (root / "driver/usr/bin").exists()
+    assert os.readlink(run / "driver") == "/opt/old-driver" and not (run / "validations").exists()
+    assert nodelayout.NodeLayout.load(root).nvidia_smi is None
+
+
+def test_uvm_major_is_the_one_the_kernel_would_hand_out(tmp_path: Path) -> None:
+    from hostsetup import majors
+
+    devices = tmp_path / "devices"
+    lines = ["Character devices:", "  1 mem", "195 nvidia-frontend-elsewhere"]
+    devices.write_text("\n".join([*lines, "", "Block devices:", "254 virtblk", ""]))
+    assert majors.choose("real", devices) == majors.Majors(195, 254, "real")  # block majors do not count
+    taken = [f"{m} drv{m}" for m in range(245, 255)] + ["509 late"]  # 509 % 255 = 254: that slot too
+    devices.write_text("\n".join(["Character devices:", *taken, ""]))
+    assert majors.choose("real", devices).uvm == 244
+    devices.write_text("\n".join(["Character devices:", *[f"{m} d" for m in range(234, 255)], ""]))
+    assert majors.choose("real", devices).uvm == 511
+    devices.write_text("Character devices:\n195 nvidia\n510 nvidia-uvm\n")
+    assert majors.choose("auto", devices) == majors.Majors(120, 121, "safe")  # a real driver is loaded
+    plan = node.plan(profile.load("t4"), node.Options(root=tmp_path / "root", majors="real", proc_devices=devices))
+    assert (plan.layout.gpu_major, plan.layout.uvm_major) == (195, 254)
+
+
+def test_machine_picks_the_library_directory_in_containers(tmp_path: Path) -> None:
+    import platform
+
+    from gpumodel import edits
+
+    plan = node.plan(profile.load("gb200"), node.Options(root=tmp_path / "a", machine="aarch64"))
+    mounts = [m.container_path for m in edits.common_edits(plan.layout).mounts]
+    assert "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1" in mounts
+    assert not [m for m in mounts if "x86_64" in m]
+    default = node.plan(profile.load("t4"), node.Options(root=tmp_path / "b")).layout
+    assert default.machine == platform.machine()
+    assert nodelayout.NodeLayout.from_json(plan.layout.to_json()).machine == "aarch64"
+    with pytest.raises(node.SetupError, match="riscv64"):
+        node.plan(profile.load("t4"), node.Options(root=tmp_path / "c", machine="riscv64"))
+
+
+def test_cli_stages_debians_nvidia_smi_by_default(tmp_path: Path, smi_binary: Path) -> None:
+    from testbed import nvidia_smi
+
+    root = tmp_path / "root"
+    res = mokka("host", "setup", "--profile", "t4", "--root", str(root))
+    assert res.returncode == 0, res.stderr
+    staged = root / "driver/usr/bin/nvidia-smi"
+    assert staged.read_bytes() == nvidia_smi.fetch("550").read_bytes()
+    res = mokka("host", "setup", "--profile", "t4", "--root", str(root), "--no-nvidia-smi")
+    assert res.returncode == 0, res.stderr
+    assert not staged.exists() and nodelayout.NodeLayout.load(root).nvidia_smi is None
+    before = snapshot(tmp_path)
+    both = ("--no-nvidia-smi", "--nvidia-smi", str(smi_binary))
+    res = mokka("host", "setup", "--profile", "t4", "--root", str(root), *both)
+    assert res.returncode == 1 and res.stderr == "mokka: error: --nvidia-smi and --no-nvidia-smi exclude each other\n"
+    assert snapshot(tmp_path) == before
+
+
+def test_cli_prints_one_line_per_step(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    args = ["host", "setup", "--profile", "t4", "--root", str(root), "--no-nvidia-smi"]
+    res = mokka(*args)
+    assert res.returncode == 0, res.stderr
+    steps = len(node.plan(profile.load("t4"), node.Options(root=root)).steps)
+    progress = res.stderr.splitlines()
+    assert len(progress) == steps and all(line.startswith(f"[{i + 1}/{steps}] ") for i, line in enumerate(progress))
+    assert len(res.stdout.splitlines()) == 1 and "mokka host cleanup" in res.stdout
+    res = mokka(*args, "-v")
+    assert res.stdout.startswith("host setup: 1x Tesla T4") and len(res.stdout.splitlines()) == steps + 2
+    res = mokka("host", "cleanup", "--root", str(root))
+    assert res.stdout.count("\n") == 1 and "restored" in res.stdout
+    res = mokka("host", "cleanup", "--root", str(root))
+    assert res.stdout == f"{root}: nothing to clean up\n"
+
+
+def test_cli_corrupt_journal_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / ".mokka").mkdir(parents=True)
+    (root / ".mokka/journal.jsonl").write_text('{"mokka-journal": 1, "home": []}\n{"done": 7}\n')
+    before = snapshot(tmp_path)
+    for args in (("setup", "--profile", "t4", "--no-nvidia-smi"), ("cleanup",)):
+        res = mokka("host", *args, "--root", str(root))
+        assert res.returncode == 1 and res.stdout == ""
+        assert res.stderr.startswith(f"mokka: error: {root}/.mokka/journal.jsonl: corrupt journal (line 2: ")
+        assert res.stderr.count("\n") == 1
+        assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("text", [b"{not json", b'{"root": "/x"}\n', b"\xff\xfe binary"])
+def test_cdi_generate_with_a_corrupt_node_json_is_one_line(tmp_path: Path, text: bytes) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "node.json").write_bytes(text)
+    out = tmp_path / "cdi"
+    res = mokka("cdi", "generate", "--root", str(root), "--output", str(out), "--no-validate")
+    assert res.returncode == 1 and res.stdout == "" and res.stderr.count("\n") == 1
+    assert res.stderr.startswith(f"mokka: error: {root}/node.json: not a node layout")
+    assert not out.exists()

@@ -253,20 +253,20 @@ def test_numa_split_matches_state(tree: Callable[..., tuple[Profile, Path]]) -> 
         assert not by_node[0] & by_node[1]
 
 
-def test_idempotent_and_undo(tmp_path: Path) -> None:
+def test_written_into_an_empty_directory_only(tmp_path: Path) -> None:
+    """The tree is built whole into a new directory (host setup's journal moves it into place and
+    undoes it); modes do not depend on the umask."""
     prof = profiles.load("h100").with_count(4)
-    created = sysfs.write_tree(prof, tmp_path)
-    assert tmp_path / "sys" in created and tmp_path / "proc/modules" in created
-    files = {p: (p.lstat().st_ino, p.lstat().st_mtime_ns) for p in tmp_path.rglob("*")}
-    assert sysfs.write_tree(prof, tmp_path) == []
-    assert {p: (p.lstat().st_ino, p.lstat().st_mtime_ns) for p in tmp_path.rglob("*")} == files
-    assert not [p for p in tmp_path.rglob(".*tmp*")]
-    # a changed file is put back atomically, not listed as created
-    (tmp_path / "proc/driver/nvidia/version").write_text("changed\n")
-    assert sysfs.write_tree(prof, tmp_path) == []
-    assert (tmp_path / "proc/driver/nvidia/version").read_text().startswith("NVRM version:")
-    sysfs.remove_tree(created)
-    assert list(tmp_path.iterdir()) == []
+    old = os.umask(0o077)
+    try:
+        sysfs.write_tree(prof, tmp_path / "t")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "t/proc/modules").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "t/sys/bus/pci/slots").stat().st_mode & 0o777 == 0o755
+    with pytest.raises(FileExistsError):
+        sysfs.write_subtree(prof, "proc", tmp_path / "t/proc")
+    assert not [p for p in tmp_path.rglob(".*")]
 
 
 def test_pure_function_of_profile(tmp_path: Path) -> None:

@@ -1,0 +1,77 @@
+"""Device numbers for the staged ``/dev/nvidia*`` nodes.
+
+The real driver registers major 195 for the GPUs (minors 0..n, nvidia-modeset 254,
+nvidiactl 255) and asks the kernel for a *dynamic* major for nvidia-uvm. The kernel hands
+those out from 254 down to 234, then from 511 down to 384 (``find_dynamic_major`` in
+fs/char_dev.c; a slot in the first range counts as taken when any registered major lands
+on it modulo 255), so "real" numbers take the uvm major the host would give a new driver
+now, read from ``/proc/devices``. On a node where a real NVIDIA driver is loaded Mokka
+must not hand out its numbers: "safe" uses majors of Linux's local/experimental range
+(devices.txt: 120-127), which no driver allocates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+GPU_MAJOR = 195
+SAFE_GPU_MAJOR = 120
+SAFE_UVM_MAJOR = 121
+DYNAMIC_RANGES = (range(254, 233, -1), range(511, 383, -1))
+HASH_SLOTS = 255  # CHRDEV_MAJOR_HASH_SIZE
+
+
+class MajorError(Exception):
+    """No device number can be chosen; the message says why."""
+
+
+@dataclass(frozen=True)
+class Majors:
+    gpu: int
+    uvm: int
+    mode: str  # "real" | "safe"
+
+
+def char_majors(proc_devices: Path) -> dict[int, str]:
+    """The character device majors the kernel has registered, from ``/proc/devices``."""
+    try:
+        text = proc_devices.read_text()
+    except OSError as exc:
+        raise MajorError(f"{proc_devices}: cannot read: {exc.strerror or exc}") from None
+    out: dict[int, str] = {}
+    section = None
+    for line in text.splitlines():
+        if line.endswith(":"):
+            section = line
+            continue
+        words = line.split()
+        if section == "Character devices:" and len(words) == 2 and words[0].isdigit():
+            out[int(words[0])] = words[1]
+    return out
+
+
+def real_driver_loaded(majors: dict[int, str]) -> bool:
+    return any(name in ("nvidia", "nvidia-frontend", "nvidia-uvm") for name in majors.values())
+
+
+def next_dynamic_major(taken: set[int]) -> int:
+    """The major the kernel would give the next driver that asks for a dynamic one."""
+    first, extended = DYNAMIC_RANGES
+    for slot in first:
+        if not any(m % HASH_SLOTS == slot for m in taken):
+            return slot
+    for major in extended:
+        if major not in taken:
+            return major
+    raise MajorError("no free dynamic character device major (254..234 and 511..384 are all taken)")
+
+
+def choose(mode: str, proc_devices: Path = Path("/proc/devices")) -> Majors:
+    """``mode``: "real", "safe" or "auto" (safe when a real NVIDIA driver is loaded, else real)."""
+    if mode == "safe":
+        return Majors(SAFE_GPU_MAJOR, SAFE_UVM_MAJOR, "safe")
+    registered = char_majors(proc_devices)
+    if mode == "auto" and real_driver_loaded(registered):
+        return Majors(SAFE_GPU_MAJOR, SAFE_UVM_MAJOR, "safe")
+    return Majors(GPU_MAJOR, next_dynamic_major(set(registered)), "real")
