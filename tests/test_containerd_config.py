@@ -6,6 +6,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -14,7 +15,9 @@ from typing import Any
 import pytest
 import tomlkit
 
-from hostsetup import containerd_config as cc
+from gpumodel import atomic
+from hostsetup import containerd as cc
+from hostsetup.containerd import systemd as cc_systemd
 from testbed import containerd_dist
 
 RUNC = "/usr/sbin/runc"
@@ -186,7 +189,7 @@ def test_remove_restores_exact_bytes_mode_and_dirs(tmp_path: Path) -> None:
         before = listing(root)
         settle(config, containerd_version=version, runtime=RUNC)
         assert stat.S_IMODE(config.stat().st_mode) == 0o640
-        assert stat.S_IMODE(cc._record_path(config).stat().st_mode) == 0o600
+        assert stat.S_IMODE(cc.journal_path(config).stat().st_mode) == 0o600
         cc.remove(config)
         assert listing(root) == before
         assert stat.S_IMODE(config.stat().st_mode) == 0o640
@@ -200,8 +203,8 @@ def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     diff = result.diff()
     assert f"--- /dev/null\n+++ {tmp_path}/conf.d/99-mokka.toml" in diff
     assert '+  BinaryName = "/usr/sbin/runc"' in diff
-    assert cc.BACKUP_SUFFIX not in diff  # the record is named in the notes, not diffed
-    assert any(cc.BACKUP_SUFFIX in n for n in result.notes)
+    assert cc.JOURNAL_SUFFIX not in diff  # the journal is named in the notes, not diffed
+    assert any(cc.JOURNAL_SUFFIX in n for n in result.notes)
     assert listing(tmp_path) == before
     cc.plan_remove(config)
     assert listing(tmp_path) == before
@@ -276,7 +279,7 @@ def test_17_edits_the_import_that_owns_the_plugin_table(tmp_path: Path) -> None:
     )
     (tmp_path / "cri.toml").write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\nsandbox_image = "y"\n')
     result = settle(config, containerd_version="1.7", runtime=RUNC)
-    assert {c.path.name for c in result.changes if not c.internal} == {"cri.toml", "config.toml"}
+    assert {c.path.name for c in result.changes} == {"cri.toml", "config.toml"}
     assert loads(tmp_path / "cri.toml")["plugins"]["io.containerd.grpc.v1.cri"]["enable_cdi"] is True
     assert "enable_cdi" not in loads(config)["plugins"]["io.containerd.grpc.v1.cri"]
     assert loads(config)["plugins"][NRI] == {"disable": False}
@@ -323,7 +326,7 @@ def test_remove_keeps_later_user_edits(tmp_path: Path) -> None:
     assert cri["enable_cdi"] is False and "nvidia" not in cri["containerd"]["runtimes"]
     assert loads(config)["plugins"][NRI]["disable"] is True
     assert "# gVisor for untrusted pods" in config.read_text()
-    assert not cc._record_path(config).exists()
+    assert not cc.journal_path(config).exists()
 
 
 def test_remove_keeps_user_edits_on_drop_in_setup(tmp_path: Path) -> None:
@@ -361,15 +364,15 @@ def test_stale_plan_and_failed_write_change_nothing(tmp_path: Path, monkeypatch:
         cc.apply(result)
     assert listing(tmp_path) == before
     result = cc.plan(config, containerd_version="2.1", runtime=RUNC)
-    real_write, calls = cc._write, []
+    real_write, calls = atomic.write, []
 
-    def failing(path: Path, *args: Any) -> None:
-        calls.append(path)
+    def failing(path: Path, *args: Any, **kw: Any) -> None:
+        calls.append(path)  # the journal, the drop-in, then the main config
         if len(calls) == 3:
             raise PermissionError(13, "Permission denied", str(path))
-        real_write(path, *args)
+        real_write(path, *args, **kw)
 
-    monkeypatch.setattr(cc, "_write", failing)
+    monkeypatch.setattr(atomic, "write", failing)
     with pytest.raises(cc.ConfigError, match=rf"{config}: cannot write: Permission denied; nothing was changed"):
         cc.apply(result)
     monkeypatch.undo()
@@ -387,7 +390,7 @@ def test_symlinked_config_stays_a_link(tmp_path: Path) -> None:
     assert config.is_symlink() and real.read_text() == USER_V2
 
 
-def test_remove_without_record(tmp_path: Path) -> None:
+def test_remove_without_journal(tmp_path: Path) -> None:
     result = cc.remove(tmp_path / "config.toml")
     assert not result.changed and "has not changed" in result.summary()
 
@@ -405,10 +408,10 @@ def test_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         calls.append(argv)
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(cc, "SYSTEMD_RUN_DIR", tmp_path / "absent")
+    monkeypatch.setattr(cc_systemd, "SYSTEMD_RUN_DIR", tmp_path / "absent")
     assert "restart it yourself" in cc.restart(Path("/etc/containerd/config.toml"), run=run)
     assert calls == []
-    monkeypatch.setattr(cc, "SYSTEMD_RUN_DIR", tmp_path)
+    monkeypatch.setattr(cc_systemd, "SYSTEMD_RUN_DIR", tmp_path)
     assert cc.restart(Path("/etc/containerd/config.toml"), run=run) == "restarted containerd.service"
     assert calls == [
         ["systemctl", "is-active", "--quiet", "containerd.service"],
@@ -567,3 +570,66 @@ def test_real_containerd_starts_with_cri_and_nri(
     assert (tmp_path / "nri.sock").exists() or "Registered namespace" in text
     flat = text.replace('\\"', '"')  # the CRI plugin logs its config at start: 1.7 as Go struct, 2.x as JSON
     assert "nvidia:{Type:io.containerd.runc.v2" in flat or '"nvidia":{"runtimeType":"io.containerd.runc.v2"' in flat
+
+
+def cli(*args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": path} if path is not None else None
+    return subprocess.run([sys.executable, "-m", "mokka.cli", *args], capture_output=True, text=True, env=env)
+
+
+@pytest.mark.parametrize(
+    ("version", "message"),
+    [
+        ("abc", "containerd version 'abc': not a version like 1.7 or 2.1"),
+        ("1.6", "containerd version 1.6: containerd before 1.7 has no NRI"),
+        ("1.5.9", "containerd version 1.5.9: containerd before 1.7 has no NRI"),
+        ("3.0", "containerd version 3.0: unknown to this Mokka"),
+        ("./evil", "not a version like 1.7 or 2.1"),
+    ],
+)
+def test_unknown_containerd_version_is_refused_never_run(tmp_path: Path, version: str, message: str) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    marker = tmp_path / "ran"
+    for name in ("abc", "evil"):
+        (bindir / name).write_text(f"#!/bin/sh\ntouch {marker}\necho containerd x 1.7.0\n")
+        (bindir / name).chmod(0o755)
+    (tmp_path / "evil").symlink_to(bindir / "evil")
+    config = tmp_path / "config.toml"
+    config.write_text(USER_V2)
+    before = listing(tmp_path)
+    res = cli(
+        "containerd-config",
+        "install",
+        "--config",
+        str(config),
+        "--containerd-version",
+        version,
+        "--no-restart",
+        path=f"{bindir}:/usr/bin:/bin",
+    )
+    assert res.returncode == 1 and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith("mokka: error: ") and message in res.stderr
+    assert not marker.exists()
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize(("version", "major"), [("1.7", 1), ("v1.7.24", 1), ("2.0", 2), ("2.2.1", 2), ("2.10", 2)])
+def test_known_containerd_versions(version: str, major: int) -> None:
+    assert cc.containerd_major(version) == major
+
+
+def test_cli_install_twice_then_remove_twice(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(USER_V3)
+    before = listing(tmp_path)
+    args = ["--config", str(config), "--no-restart"]
+    res = cli("containerd-config", "install", *args, "--containerd-version", "2.1", "--runtime", RUNC)
+    assert res.returncode == 0 and "installed; undo with" in res.stdout, res.stderr
+    res = cli("containerd-config", "install", *args, "--containerd-version", "2.1", "--runtime", RUNC)
+    assert res.returncode == 0 and "already installed" in res.stdout, res.stderr
+    res = cli("containerd-config", "remove", *args)
+    assert res.returncode == 0 and "removed" in res.stdout, res.stderr
+    assert listing(tmp_path) == before
+    res = cli("containerd-config", "remove", *args)
+    assert res.returncode == 0 and res.stdout == "nothing to remove\n", res.stderr
