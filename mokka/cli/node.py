@@ -30,15 +30,24 @@ def host() -> None:
     "smi",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help="An nvidia-smi binary to stage as ROOT/driver/usr/bin/nvidia-smi (mounted into containers).",
+    help="The nvidia-smi binary to stage as ROOT/driver/usr/bin/nvidia-smi (mounted into containers). "
+    "Default: Debian's nvidia-smi 550, fetched into Mokka's cache once.",
 )
+@click.option("--no-nvidia-smi", is_flag=True, help="Stage no nvidia-smi.")
 @click.option(
     "--majors",
     type=click.Choice(["auto", "real", "safe"]),
     default="auto",
     show_default=True,
-    help="Device numbers: real (195, as the NVIDIA driver), safe (120/121, Linux's local-use range), "
-    "auto (safe when a real NVIDIA driver is loaded, else real).",
+    help="Device numbers: real (195, and for nvidia-uvm the major the kernel would hand a new driver now), "
+    "safe (120/121, Linux's local-use range), auto (safe when a real NVIDIA driver is loaded, else real).",
+)
+@click.option(
+    "--machine",
+    type=click.Choice(["x86_64", "aarch64"]),
+    default=None,
+    help="The node's architecture: where containers get the library (/usr/lib/<arch>-linux-gnu). "
+    "Default: this machine's.",
 )
 @click.option(
     "--run-nvidia",
@@ -48,55 +57,93 @@ def host() -> None:
 )
 @click.option("--toolkit-ready", is_flag=True, help="Also create RUN_NVIDIA/validations/toolkit-ready.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@click.option("-v", "--verbose", is_flag=True, help="Print the plan first, and what a re-run undid.")
 def host_setup(
     profile_name: str,
     gpus: int | None,
     root: Path,
     smi: Path | None,
+    no_nvidia_smi: bool,
     majors: str,
+    machine: str | None,
     run_nvidia: Path | None,
     toolkit_ready: bool,
     dry_run: bool,
+    verbose: bool,
 ) -> None:
-    """Stage the mock node under ROOT. Idempotent; `mokka host cleanup` undoes it byte for byte."""
+    """Stage the mock node under ROOT. Idempotent; `mokka host cleanup` undoes it byte for byte.
+
+    Every change is journaled (ROOT/.mokka/journal.jsonl) before it is made: a setup killed at
+    any point is finished by running it again, or undone by `mokka host cleanup`.
+    """
     import time
 
     from hostsetup import node
 
     if toolkit_ready and run_nvidia is None:
         fail("--toolkit-ready needs --run-nvidia (e.g. --run-nvidia /run/nvidia)")
+    if smi is not None and no_nvidia_smi:
+        fail("--nvidia-smi and --no-nvidia-smi exclude each other")
     p = load_profile(profile_name, gpus)
-    options = node.Options(root=root, nvidia_smi=smi, majors=majors, run_nvidia=run_nvidia, toolkit_ready=toolkit_ready)
+    if smi is None and not no_nvidia_smi:
+        smi = _debian_nvidia_smi()
+    options = node.Options(
+        root=root, nvidia_smi=smi, majors=majors, run_nvidia=run_nvidia, toolkit_ready=toolkit_ready, machine=machine
+    )
     try:
         plan = node.plan(p, options)
     except node.SetupError as exc:
         fail(str(exc))
-    click.echo(plan.describe())
+    if dry_run or verbose:
+        click.echo(plan.describe())
     if dry_run:
         click.echo("dry run: nothing changed")
         return
     start = time.perf_counter()
     try:
-        node.apply(plan, progress=lambda line: click.echo(line, err=True))
+        undone = node.apply(plan, progress=lambda line: click.echo(line, err=True))
     except node.SetupError as exc:
         fail(str(exc))
-    click.echo(f"done in {time.perf_counter() - start:.2f} s; undo with: mokka host cleanup --root {root}")
+    if verbose:
+        for line in undone:
+            click.echo(line)
+    click.echo(
+        f"staged {p.gpu_count}x {p.gpu.name} under {plan.layout.root} in {time.perf_counter() - start:.2f} s; "
+        f"undo with: mokka host cleanup --root {root}"
+    )
+
+
+def _debian_nvidia_smi() -> Path:
+    """Debian's nvidia-smi 550 from Mokka's cache (fetched once)."""
+    from testbed import nvidia_smi
+
+    try:
+        return nvidia_smi.fetch("550")
+    except Exception as exc:  # network, archive or verification trouble: one line, and the way out
+        fail(
+            f"cannot get Debian's nvidia-smi 550 ({type(exc).__name__}: {exc}), needed by default; "
+            "give one with --nvidia-smi PATH or stage none with --no-nvidia-smi"
+        )
+    raise AssertionError("unreachable")
 
 
 @host.command("cleanup")
 @click.option(
     "--root", type=click.Path(file_okay=False, path_type=Path), default=Path("/var/lib/mokka"), show_default=True
 )
-def host_cleanup(root: Path) -> None:
-    """Undo everything `mokka host setup` did under ROOT (and its /run/nvidia links)."""
+@click.option("-v", "--verbose", is_flag=True, help="Print every change undone.")
+def host_cleanup(root: Path, verbose: bool) -> None:
+    """Undo everything `mokka host setup` did under ROOT (and its /run/nvidia links), also after a
+    setup that was killed midway."""
     from hostsetup import journal, node
 
     try:
         done = node.cleanup(root)
     except journal.JournalError as exc:
         fail(str(exc))
-    for line in done:
-        click.echo(line)
+    if verbose:
+        for line in done:
+            click.echo(line)
     click.echo(f"{root}: nothing to clean up" if not done else f"{root}: restored ({len(done)} changes undone)")
 
 
@@ -124,7 +171,12 @@ CONFIG_OPTION = click.option(
     default=None,
     help="containerd binary to ask for its version (default: containerd on PATH).",
 )
-@click.option("--containerd-version", type=str, default=None, help="Assume this version (e.g. 1.7, 2.1).")
+@click.option(
+    "--containerd-version",
+    type=str,
+    default=None,
+    help="Assume this containerd version: 1.7 or 2.x (e.g. 2.1); never run as a program.",
+)
 @click.option(
     "--runtime",
     type=str,
@@ -141,10 +193,15 @@ def containerd_install(
     dry_run: bool,
     no_restart: bool,
 ) -> None:
-    """Install (idempotent; prefers a conf.d drop-in where containerd merges it safely)."""
-    from hostsetup import containerd_config as cc
+    """Install (idempotent; prefers a conf.d drop-in where containerd merges it safely). Every file is
+    journaled (CONFIG.mokka-journal) before it is written: an install killed midway is finished by
+    running it again, or undone by `remove`."""
+    from hostsetup import containerd as cc
 
     try:
+        if not dry_run:
+            for line in cc.recover(config):
+                click.echo(line)
         plan = cc.plan(config, containerd_version=containerd_version, containerd=containerd_bin, runtime=runtime)
         click.echo(plan.summary())
         diff = plan.diff()
@@ -167,16 +224,23 @@ def containerd_install(
 @click.option("--dry-run", is_flag=True, help="Show the diff and change nothing.")
 @click.option("--no-restart", is_flag=True, help="Do not restart containerd afterwards.")
 def containerd_remove(config: Path, force: bool, dry_run: bool, no_restart: bool) -> None:
-    """Restore the configuration as it was before `install` (the original bytes where untouched since)."""
-    from hostsetup import containerd_config as cc
+    """Restore the configuration as it was before `install` (the original bytes where untouched since),
+    also after an install that was killed midway."""
+    from hostsetup import containerd as cc
 
     try:
+        recovered = [] if dry_run else cc.recover(config)
+        for line in recovered:
+            click.echo(line)
         plan = cc.plan_remove(config, force=force)
         diff = plan.diff()
         if diff:
             click.echo(diff, nl=False)
-        if dry_run or not plan.changes:
-            click.echo("dry run: nothing changed" if dry_run else "nothing to remove")
+        if dry_run or not plan.changed:
+            if dry_run:
+                click.echo("dry run: nothing changed")
+            else:
+                click.echo("removed what an interrupted install had left" if recovered else "nothing to remove")
             return
         cc.apply(plan)
         click.echo("removed")
@@ -225,6 +289,8 @@ def cdi_generate(root: Path, out_dir: Path, kind: str, validate: bool, to_stdout
         layout = nodelayout.NodeLayout.load(root)
     except FileNotFoundError:
         fail(f"{root}/node.json not found: run `mokka host setup --root {root}` first")
+    except nodelayout.LayoutError as exc:
+        fail(f"{exc}; run `mokka host setup --root {root}` again")
     try:
         spec = cdi_pkg.render(layout, kind=kind)
         if validate:
