@@ -174,9 +174,11 @@ def plan(profile: Profile, options: Options) -> Plan:
         )
     )
 
+    tree, empty = sysfs.files(profile), sysfs.directories(profile)
+
     def trees(j: Journal) -> None:
         for top in sysfs.TOPS:
-            j.install_tree(root / top, functools.partial(sysfs.write_subtree, profile, top))
+            j.install_tree(root / top, functools.partial(sysfs.write_part, tree, empty, top))
 
     p.steps.append(
         Step(

@@ -469,13 +469,14 @@ TOPS = ("sys", "proc")
 
 def write_tree(profile: Profile, root: Path) -> None:
     """Write the procfs/sysfs tree of ``profile`` into ``root``: ``root/sys`` and ``root/proc``."""
+    tree, empty = files(profile), directories(profile)
     for top in TOPS:
-        write_subtree(profile, top, root / top)
+        write_part(tree, empty, top, root / top)
 
 
-def write_subtree(profile: Profile, top: str, dest: Path) -> None:
-    """Write the part of the tree under ``top`` ("sys" or "proc") into ``dest``, a new or empty
-    directory (directories 0755, files 0644 whatever the umask).
+def write_part(tree: dict[Path, bytes | Link], empty: list[Path], top: str, dest: Path) -> None:
+    """Write the part of ``tree`` (``files()``) and ``empty`` (``directories()``) under ``top`` ("sys"
+    or "proc") into ``dest``, a new or empty directory (directories 0755, files 0644 whatever the umask).
 
     Nothing is synced or written atomically: host setup builds each part under a temporary name
     and moves it into place whole, through its journal (``Journal.install_tree``).
@@ -483,20 +484,22 @@ def write_subtree(profile: Profile, top: str, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
         raise FileExistsError(errno.EEXIST, "not an empty directory", str(dest))
+    made = {dest}
 
     def mkdirs(path: Path) -> None:
         missing = []
-        while not path.is_dir():
+        while path not in made:
             missing.append(path)
             path = path.parent
         for d in reversed(missing):
             d.mkdir()
             d.chmod(0o755)
+            made.add(d)
 
-    for rel in directories(profile):
+    for rel in empty:
         if rel.parts[0] == top:
             mkdirs(dest / rel.relative_to(top))
-    for rel, content in files(profile).items():
+    for rel, content in tree.items():
         if rel.parts[0] != top:
             continue
         path = dest / rel.relative_to(top)

@@ -265,7 +265,7 @@ def test_written_into_an_empty_directory_only(tmp_path: Path) -> None:
     assert (tmp_path / "t/proc/modules").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "t/sys/bus/pci/slots").stat().st_mode & 0o777 == 0o755
     with pytest.raises(FileExistsError):
-        sysfs.write_subtree(prof, "proc", tmp_path / "t/proc")
+        sysfs.write_part(sysfs.files(prof), [], "proc", tmp_path / "t/proc")
     assert not [p for p in tmp_path.rglob(".*")]
 
 
