@@ -40,6 +40,7 @@ from .journal import Journal, JournalError
 
 DEFAULT_ROOT = Path("/var/lib/mokka")
 JOURNAL = Path(".mokka/journal.jsonl")
+OLD_JOURNAL = Path(".mokka/journal.json")  # Mokka before the write-ahead journal
 
 
 class SetupError(Exception):
@@ -221,6 +222,7 @@ def apply(p: Plan, progress: Callable[[str], None] = lambda s: None) -> list[str
     """
     root = Path(p.layout.root)
     try:
+        _refuse_old_journal(root)
         journal = Journal.open(root / JOURNAL, f"mokka host setup under {root}")
     except (OSError, JournalError) as exc:
         raise SetupError(_describe(exc)) from None
@@ -253,6 +255,7 @@ def cleanup(root: Path) -> list[str]:
     Raises JournalError (the journal is unreadable or a change cannot be undone).
     """
     file = journal_path(root)
+    _refuse_old_journal(file.parent.parent)
     try:
         done = Journal.sweep(file)
         journal = Journal.open_existing(file)
@@ -266,6 +269,13 @@ def cleanup(root: Path) -> list[str]:
     except OSError as exc:
         raise JournalError(f"host cleanup under {root} stopped: {_describe(exc)}; fix that and run it again") from None
     return done
+
+
+def _refuse_old_journal(root: Path) -> None:
+    if (root / OLD_JOURNAL).exists():
+        raise JournalError(
+            f"{root / OLD_JOURNAL}: staged by an older Mokka; undo it with that version's `mokka host cleanup` first"
+        )
 
 
 def _describe(exc: Exception) -> str:

@@ -633,3 +633,14 @@ def test_cli_install_twice_then_remove_twice(tmp_path: Path) -> None:
     assert listing(tmp_path) == before
     res = cli("containerd-config", "remove", *args)
     assert res.returncode == 0 and res.stdout == "nothing to remove\n", res.stderr
+
+
+def test_an_older_mokkas_record_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(USER_V2)
+    (tmp_path / "config.toml.mokka-backup").write_text('{"format": 1}\n')
+    before = listing(tmp_path)
+    for run in (lambda: cc.install(config, containerd_version="1.7", runtime=RUNC), lambda: cc.remove(config)):
+        with pytest.raises(cc.ConfigError, match="installed by an older Mokka"):
+            run()
+    assert listing(tmp_path) == before

@@ -270,3 +270,15 @@ def test_cdi_generate_with_a_corrupt_node_json_is_one_line(tmp_path: Path, text:
     assert res.returncode == 1 and res.stdout == "" and res.stderr.count("\n") == 1
     assert res.stderr.startswith(f"mokka: error: {root}/node.json: not a node layout")
     assert not out.exists()
+
+
+def test_an_older_mokkas_journal_is_named(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / ".mokka").mkdir(parents=True)
+    (root / ".mokka/journal.json").write_text('{"entries": []}')
+    before = snapshot(tmp_path)
+    res = mokka("host", "cleanup", "--root", str(root))
+    assert res.returncode == 1 and "staged by an older Mokka" in res.stderr and res.stderr.count("\n") == 1
+    with pytest.raises(node.SetupError, match="older Mokka"):
+        node.apply(node.plan(profile.load("t4"), node.Options(root=root)))
+    assert snapshot(tmp_path) == before

@@ -17,14 +17,19 @@ from gpumodel import atomic
 from ..journal import Entry, Journal, JournalError, sha256
 from .errors import ConfigError
 from .install import plan
-from .plan import Plan, journal_path
+from .plan import JOURNAL_SUFFIX, Plan, journal_path
 from .remove import file_entries, plan_remove
 from .tomldoc import Op, read
+
+OLD_RECORD_SUFFIX = ".mokka-backup"  # Mokka before the journal
 
 
 def recover(config: Path) -> list[str]:
     """Finish or roll back an install or remove that was killed midway (plan after this)."""
     file = journal_path(config)
+    old = file.with_name(file.name.replace(JOURNAL_SUFFIX, OLD_RECORD_SUFFIX))
+    if old.exists():
+        raise ConfigError(f"{old}: installed by an older Mokka; remove it with that version first")
     try:
         done = Journal.sweep(file)
         journal = Journal.open_existing(file)
