@@ -89,7 +89,10 @@ def test_a_torn_last_record_is_ignored(tmp_path: Path) -> None:
         fh.write('{"begin":{"seq":9,"kind":"cre')  # the process died mid-append
     again = Journal.open(file, "test")
     assert [e.paths for e in again.entries.values()] == [[str(tmp_path / "root/a")]]
-    assert again.undo() == [f"removed {tmp_path}/root/a"]
+    again.write(tmp_path / "root/b", b"b")  # appended after the torn piece, which is dropped
+    again.close()
+    again = Journal.open(file, "test")
+    assert again.undo() == [f"removed {tmp_path}/root/b", f"removed {tmp_path}/root/a"]
     again.teardown()
     assert not (tmp_path / "root").exists()
 
@@ -114,6 +117,16 @@ def test_an_unreadable_journal_is_one_clear_error(tmp_path: Path, text: str) -> 
     message = str(err.value)
     assert message.startswith(f"{file}: corrupt journal (line ") and "\n" not in message
     assert file.read_text() == text
+
+
+def test_leftovers_of_a_killed_compaction_are_swept(tmp_path: Path) -> None:
+    file = tmp_path / "root/.mokka/journal.jsonl"
+    Journal.open(file, "test").close()
+    leftover = file.with_name(".journal.jsonl.mokka-0123456789abcdef")
+    leftover.write_text("half a journal")
+    journal = Journal.open(file, "test")
+    assert journal.swept == [f"removed leftover {leftover}"] and not leftover.exists()
+    journal.close()
 
 
 def test_leftovers_of_a_killed_bootstrap_are_swept(tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def host_setup(
         fail("--nvidia-smi and --no-nvidia-smi exclude each other")
     p = load_profile(profile_name, gpus)
     if smi is None and not no_nvidia_smi:
-        smi = _debian_nvidia_smi()
+        smi = _debian_nvidia_smi(fetch=not dry_run)
     options = node.Options(
         root=root, nvidia_smi=smi, majors=majors, run_nvidia=run_nvidia, toolkit_ready=toolkit_ready, machine=machine
     )
@@ -113,10 +113,15 @@ def host_setup(
     )
 
 
-def _debian_nvidia_smi() -> Path:
-    """Debian's nvidia-smi 550 from Mokka's cache (fetched once)."""
+def _debian_nvidia_smi(fetch: bool) -> Path | None:
+    """Debian's nvidia-smi 550 from Mokka's cache (fetched once; a dry run fetches nothing)."""
     from testbed import nvidia_smi
 
+    if not fetch:
+        found = nvidia_smi.cached("550")
+        if found is None:
+            click.echo("Debian's nvidia-smi 550 is not in the cache yet: a real run fetches it")
+        return found
     try:
         return nvidia_smi.fetch("550")
     except Exception as exc:  # network, archive or verification trouble: one line, and the way out
