@@ -78,28 +78,21 @@ class Journal(JournalFile):
 
     def __init__(self, file: Path, what: str, home: list[str]) -> None:
         super().__init__(file, what, home)
-        self.swept: list[str] = []  # leftovers of a killed run removed on opening
         self.recovered: list[str] = []  # interrupted changes rolled back (or completed) on opening
 
     # ---- opening ------------------------------------------------------------------
 
     @classmethod
-    def open(cls, file: Path, what: str) -> Journal:
-        """Open for changes, creating the journal (and its home) if needed; an interrupted change is rolled back."""
-        swept = cls.sweep(file)
-        journal = cls.open_existing(file) or cls.bootstrap(file, what)
-        journal.swept = swept
-        return journal
-
-    @classmethod
-    def open_existing(cls, file: Path) -> Journal | None:
-        """Open an existing journal for changes, rolling back an interrupted change; None when there is none.
-
-        Call :meth:`sweep` first: a killed process may have left temporaries of the journal itself.
-        """
-        journal = super().open_existing(file)
-        if journal is not None:
-            journal.recovered = journal.recover()
+    def open(cls, file: Path, what: str | None = None) -> Journal:
+        """Lock, sweep leftovers and open the journal, rolling back an interrupted change; with
+        ``what``, create it when there is none. ``close`` releases the lock."""
+        journal = cls.open_file(file, what)
+        try:
+            if journal.exists:
+                journal.recovered = journal.recover()
+        except BaseException:
+            journal.close()
+            raise
         return journal
 
     # ---- recovery -----------------------------------------------------------------
@@ -201,6 +194,7 @@ class Journal(JournalFile):
         backup = atomic.temp_path(path)
         entry = self._begin(self._new("replace", [path], temps=[str(tmp)], backup=str(backup), sha=sha, meta=meta))
         os.link(path, backup, follow_symlinks=False)  # the original inode: bytes, mode, owner, times
+        atomic.fsync_dir(path.parent)  # the original's second name is durable before the first is reused
         checkpoint()
         return entry
 

@@ -16,12 +16,14 @@ record, between the parts of a change): the kill-injection test's hook.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import signal
 import stat
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,7 @@ from gpumodel import atomic
 FORMAT = 1
 KILL_ENV = "MOKKA_JOURNAL_KILL_AT"
 KINDS = ("create", "replace", "update")
+LOCK_WAIT_S = 60.0
 
 
 class JournalError(Exception):
@@ -136,6 +139,25 @@ def remove_path(path: Path, *, tree: bool) -> bool:
     return True
 
 
+def lock_directory(path: Path, wait: float | None = None) -> int:
+    """An exclusive flock on directory ``path`` (its inode: it survives a rename); the fd holds it.
+    Waits up to ``wait`` seconds (default ``LOCK_WAIT_S``) for another holder."""
+    wait = LOCK_WAIT_S if wait is None else wait
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise JournalError(
+                    f"{path}: another mokka is changing this host (waited {wait:.0f} s for its lock)"
+                ) from None
+            time.sleep(0.05)
+
+
 class JournalFile:
     """The record of one owner's changes (host setup under a root, one containerd config), on disk."""
 
@@ -147,9 +169,12 @@ class JournalFile:
         self.pending: dict[int, Entry] = {}  # update entries not yet done
         self.next_seq = 1
         self.kept: set[str] = set()  # paths this run produced
+        self.swept: list[str] = []  # leftovers of a killed run removed on opening
         self.obsolete = 0  # records a compaction would drop
         self._fd: int | None = None
         self._length = 0  # bytes of complete records read
+        self._locks: list[int] = []  # directory locks held until close
+        self.exists = True  # False: there is no journal (nothing recorded)
 
     # ---- opening ------------------------------------------------------------------
 
@@ -165,17 +190,37 @@ class JournalFile:
         return cls._parse(file, data)
 
     @classmethod
-    def open_existing(cls, file: Path) -> Self | None:
-        """Open an existing journal for appending; None when there is none.
+    def open_file(cls, file: Path, what: str | None) -> Self:
+        """Lock, sweep a killed run's leftovers, and open the journal for appending; with ``what``,
+        create it when there is none (else return one that does not ``exists``).
 
-        Call :meth:`sweep` first: a killed process may have left temporaries of the journal itself.
+        The lock (flock on the nearest existing directory, and on the journal's own directory)
+        is held until :meth:`close`: a second Mokka waits for the first.
         """
-        journal = cls.read(file)
-        if journal is None:
-            return None
-        journal._fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        if os.fstat(journal._fd).st_size > journal._length:
-            os.ftruncate(journal._fd, journal._length)  # drop a torn last record before appending
+        anchor, _ = first_existing(file.parent)
+        if not anchor.is_dir():
+            raise JournalError(f"{file}: {anchor} is not a directory")
+        locks = [lock_directory(anchor)]
+        try:
+            swept = cls.sweep(file)
+            journal = cls.read(file)
+            if journal is None and what is not None:
+                journal = cls.bootstrap(file, what, locks)
+            elif journal is None:
+                journal = cls(file, "", [])
+                journal.exists = False
+            else:
+                journal._fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                if os.fstat(journal._fd).st_size > journal._length:
+                    os.ftruncate(journal._fd, journal._length)  # drop a torn last record before appending
+                if file.parent != anchor:  # made meanwhile by a Mokka we waited for
+                    locks.append(lock_directory(file.parent))
+        except BaseException:
+            for fd in locks:
+                os.close(fd)
+            raise
+        journal._locks = locks
+        journal.swept = swept
         return journal
 
     @staticmethod
@@ -250,8 +295,9 @@ class JournalFile:
             self._forget(seq, paths)
 
     @classmethod
-    def bootstrap(cls, file: Path, what: str) -> Self:
-        """Create the journal; missing directories above it are built under a temporary name, journal inside."""
+    def bootstrap(cls, file: Path, what: str, locks: list[int]) -> Self:
+        """Create the journal; missing directories above it are built under a temporary name, journal
+        inside, its directory locked (added to ``locks``) before the rename makes it visible."""
         parent, missing = first_existing(file.parent)
         if not parent.is_dir():
             raise JournalError(f"{file}: {parent} is not a directory")
@@ -269,6 +315,7 @@ class JournalFile:
                 os.mkdir(inner, 0o755)
                 os.chmod(inner, 0o755)
             atomic.write(inner / file.name, header, 0o600)
+            locks.append(lock_directory(inner))
             checkpoint()
             os.rename(top, missing[0])
             atomic.fsync_dir(parent)
@@ -280,6 +327,12 @@ class JournalFile:
         return {"mokka-journal": FORMAT, "what": self.what, "home": self.home}
 
     def close(self) -> None:
+        """Stop appending and release the locks."""
+        self._close_file()
+        while self._locks:
+            os.close(self._locks.pop())
+
+    def _close_file(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -366,7 +419,7 @@ class JournalFile:
             lines.append(_line({"begin": entry.record()}))
             if entry.done:
                 lines.append(_line({"done": entry.seq}))
-        self.close()
+        self._close_file()
         atomic.write(self.file, "".join(lines).encode(), 0o600)
         checkpoint()
         self._fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
@@ -377,7 +430,10 @@ class JournalFile:
     def teardown(self) -> list[str]:
         """Remove the journal (nothing may be left in it) and the directories it made for itself."""
         assert not self.entries and not self.pending, "teardown of a journal that still lists changes"
-        self.close()
+        self._close_file()
+        if not self.exists:
+            return []
+        self.exists = False
         home = [Path(h) for h in self.home]
         for i, top in enumerate(home):
             if self._holds_only_journal(home[i:]):

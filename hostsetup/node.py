@@ -215,7 +215,8 @@ def plan(profile: Profile, options: Options) -> Plan:
 
 
 def apply(p: Plan, progress: Callable[[str], None] = lambda s: None) -> list[str]:
-    """Run every step, then undo what earlier runs staged and this plan does not; return those undos.
+    """Run every step, then undo what earlier runs staged and this plan does not; return what was
+    swept, rolled back (a killed run's leftovers) and undone.
 
     An interrupted earlier run is rolled back first. On failure what this run added is undone
     and SetupError raised.
@@ -233,7 +234,7 @@ def apply(p: Plan, progress: Callable[[str], None] = lambda s: None) -> list[str
             step.run(journal)
         pruned = journal.prune()
         journal.compact()
-        return journal.swept + pruned
+        return journal.swept + journal.recovered + pruned
     except (OSError, JournalError) as exc:
         try:
             journal.undo(since)
@@ -257,12 +258,9 @@ def cleanup(root: Path) -> list[str]:
     file = journal_path(root)
     _refuse_old_journal(file.parent.parent)
     try:
-        done = Journal.sweep(file)
-        journal = Journal.open_existing(file)
-        if journal is None:
-            return done
+        journal = Journal.open(file)
         try:
-            done += journal.undo()
+            done = journal.swept + journal.recovered + journal.undo()
             done += journal.teardown()
         finally:
             journal.close()

@@ -136,3 +136,20 @@ def test_leftovers_of_a_killed_bootstrap_are_swept(tmp_path: Path) -> None:
     (leftover / ".mokka/journal.jsonl").write_text("{}\n")
     assert Journal.sweep(tmp_path / "var/lib/mokka/.mokka/journal.jsonl") == [f"removed leftover {leftover}"]
     assert list((tmp_path / "var/lib").iterdir()) == []
+
+
+def test_a_second_mokka_waits_for_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hostsetup import journal_file
+
+    monkeypatch.setattr(journal_file, "LOCK_WAIT_S", 0.2)
+    file = tmp_path / "var/lib/mokka/.mokka/journal.jsonl"
+    first = Journal.open(file, "first")  # made the directories, holds their locks
+    for what in ("second", None):
+        with pytest.raises(JournalError, match="another mokka is changing this host"):
+            Journal.open(file, what)
+    first.close()
+    second = Journal.open(file)
+    assert second.exists and second.what == "first"
+    assert second.undo() == [] and second.teardown() == [f"removed {tmp_path}/var/"]
+    second.close()
+    assert list(tmp_path.iterdir()) == []

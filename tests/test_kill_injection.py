@@ -85,7 +85,7 @@ class Mokka:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
-        return os.waitstatus_to_exitcode(status), log.read_text()
+        return os.waitstatus_to_exitcode(status), log.read_text() if log.exists() else ""  # killed before it began
 
     def ok(self, *args: str) -> str:
         code, out = self(*args)

@@ -31,12 +31,9 @@ def recover(config: Path) -> list[str]:
     if old.exists():
         raise ConfigError(f"{old}: installed by an older Mokka; remove it with that version first")
     try:
-        done = Journal.sweep(file)
-        journal = Journal.open_existing(file)
-        if journal is None:
-            return done
+        journal = Journal.open(file)
         try:
-            done += journal.recovered
+            done = journal.swept + journal.recovered
             if not journal.entries:
                 done += journal.teardown()
         finally:
@@ -84,9 +81,7 @@ def _install(p: Plan) -> None:
 
 
 def _remove(p: Plan) -> None:
-    journal = Journal.open_existing(p.journal)
-    if journal is None:
-        return
+    journal = Journal.open(p.journal)
     try:
         entries = {e.paths[0]: e for e in file_entries(journal)}
         for ch in p.changes:
