@@ -2,10 +2,11 @@
 
 A JSON-lines file: a header (format, what it records, ``home``: the directories the journal
 had to create for itself), then ``{"begin": entry}``, ``{"done": seq}`` and
-``{"undone": seq[, "paths": [...]]}`` records, each appended and fdatasync'd before the caller
-goes on. A torn last line (the process died while appending) is ignored, and cut off before the
-next append: its change had not started. The home directories are built under a temporary name
-and renamed into place with the journal already inside; ``teardown`` renames them away again.
+``{"undone": seq[, "paths": [...]]}`` records, each appended (and, but for completions,
+fdatasync'd) before the caller goes on. A torn last line (the process died while appending)
+is ignored, and cut off before the next append: its change had not started. The home
+directories are built under a temporary name and renamed into place with the journal already
+inside; ``teardown`` renames them away again.
 Leftover temporaries of either (``.<name>.mokka-*`` next to the first missing directory, or
 next to the journal) are swept whenever the journal is opened. ``compact`` rewrites the file
 (atomically) as its live entries only.
@@ -339,10 +340,13 @@ class JournalFile:
 
     # ---- bookkeeping --------------------------------------------------------------
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def _append(self, record: dict[str, Any], *, sync: bool = True) -> None:
+        """Append one record; ``sync``: durable before returning (intents must be; a completion
+        lost to a power cut only makes the next run roll a finished change back and redo it)."""
         assert self._fd is not None, "journal not open for changes"
         os.write(self._fd, _line(record).encode())
-        os.fdatasync(self._fd)
+        if sync:
+            os.fdatasync(self._fd)
         checkpoint()
 
     def _begin(self, entry: Entry) -> Entry:
@@ -358,7 +362,7 @@ class JournalFile:
         return Entry(self.next_seq, kind, [str(p) for p in paths], **kw)
 
     def _done(self, entry: Entry) -> None:
-        self._append({"done": entry.seq})
+        self._append({"done": entry.seq}, sync=False)  # the next intent's sync carries it
         self._mark_done(entry.seq)
 
     def _mark_done(self, seq: int) -> None:
