@@ -1,7 +1,8 @@
 """The real nvidia-smi, from Debian's non-free archive, cached privately.
 
-Debian ships nvidia-smi 550 in trixie and 535 in bookworm; both binaries need only
-glibc and dlopen ``libnvidia-ml.so.1``, so they run against Mokka's library anywhere.
+Debian ships nvidia-smi 550 in trixie, 535 in bookworm and 555 in experimental; the
+binaries need only glibc and dlopen ``libnvidia-ml.so.1``, so they run against Mokka's
+library anywhere.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from pathlib import Path
 
 from . import debcache
 
-SUITES = {"550": "trixie", "535": "bookworm"}
+SUITES = {"550": "trixie", "535": "bookworm", "555": "experimental"}
 BINARY = Path("usr/lib/nvidia/current/nvidia-smi")
 
 
 def fetch(version: str, cache: Path | None = None) -> Path:
-    """Path of nvidia-smi ``version`` ("550" or "535"), downloading and unpacking it once."""
+    """Path of nvidia-smi ``version`` ("550", "535" or "555"), downloading and unpacking it once."""
     if version not in SUITES:
         raise ValueError(f"no Debian nvidia-smi {version!r}; known: {', '.join(sorted(SUITES))}")
     cache = cache or debcache.default_cache()

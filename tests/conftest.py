@@ -13,7 +13,7 @@ import pytest
 from gpumodel import driver_root, profile
 from testbed import nvidia_smi
 
-SMI_VERSIONS = ["550", "535"]
+SMI_VERSIONS = ["550", "535", "555"]
 
 pytest_plugins = ["e2e_fixtures"]
 
