@@ -42,6 +42,47 @@ class Brand(IntEnum):
     NVIDIA = 14
 
 
+# nvmlBrandType_t by the name nvidia-smi prints ("Product Brand"; GRID prints as "Grid").
+BRANDS = {
+    "Unknown": 0,
+    "Quadro": 1,
+    "Tesla": 2,
+    "NVS": 3,
+    "GRID": 4,
+    "GeForce": 5,
+    "Titan": 6,
+    "NVIDIA Virtual Applications": 7,
+    "NVIDIA Virtual PC": 8,
+    "NVIDIA Virtual Compute Server": 9,
+    "NVIDIA RTX Virtual Workstation": 10,
+    "NVIDIA Cloud Gaming": 11,
+    "Quadro RTX": 12,
+    "NVIDIA RTX": 13,
+    "NVIDIA": 14,
+    "GeForce RTX": 15,
+    "Titan RTX": 16,
+}
+BrandName = Literal[
+    "Unknown",
+    "Quadro",
+    "Tesla",
+    "NVS",
+    "GRID",
+    "GeForce",
+    "Titan",
+    "NVIDIA Virtual Applications",
+    "NVIDIA Virtual PC",
+    "NVIDIA Virtual Compute Server",
+    "NVIDIA RTX Virtual Workstation",
+    "NVIDIA Cloud Gaming",
+    "Quadro RTX",
+    "NVIDIA RTX",
+    "NVIDIA",
+    "GeForce RTX",
+    "Titan RTX",
+]
+
+
 class Architecture(IntEnum):
     """nvmlDeviceArchitecture_t values."""
 
@@ -66,6 +107,11 @@ Celsius = Annotated[int, Field(ge=-50, le=200)]
 Percent = Annotated[int, Field(ge=0, le=100)]
 
 
+# PCIe atomic operations in the order nvidia-smi lists them (bit 0 first).
+ATOMIC_CAPS = ("FETCHADD_32", "FETCHADD_64", "SWAP_32", "SWAP_64", "CAS_32", "CAS_64", "CAS_128")
+AtomicCap = Literal["FETCHADD_32", "FETCHADD_64", "SWAP_32", "SWAP_64", "CAS_32", "CAS_64", "CAS_128"]
+
+
 class Pci(Strict):
     device_id: int = Field(description="PCI device id, e.g. 0x2330")
     subsystem_device_id: int
@@ -78,6 +124,8 @@ class Pci(Strict):
     current_link_gen: int | None = None
     current_link_width: int | None = None
     device_max_link_gen: int | None = Field(None, description="what the GPU supports when the host limits the link")
+    atomic_caps_inbound: list[AtomicCap] = Field(default_factory=list, description="PCIe atomics; empty = N/A")
+    atomic_caps_outbound: list[AtomicCap] = Field(default_factory=list, description="PCIe atomics; empty = N/A")
 
     @field_validator("device_id", "subsystem_device_id", "vendor_id", "subsystem_vendor_id")
     @classmethod
@@ -132,6 +180,9 @@ class Temperature(Strict):
     slowdown: Celsius | None = None
     gpu_max: Celsius | None = None
     memory_max: Celsius | None = None
+    target: Celsius | None = Field(None, description="GPU target temperature (acoustic threshold)")
+    target_min: Celsius | None = Field(None, description="lowest settable target temperature")
+    target_max: Celsius | None = Field(None, description="highest settable target temperature")
 
 
 class ClockSet(Strict):
@@ -201,6 +252,21 @@ class Modes(Strict):
     multi_gpu_board: bool = False
     c2c: bool | None = Field(None, description="chip-to-chip link mode; None = no C2C link")
     performance_state: int = Field(0, ge=0, le=15)
+    sparse: bool | None = Field(None, description="sparse operation mode; None = not supported")
+
+
+class EccCounters(Strict):
+    dram_correctable: int = Field(0, ge=0)
+    dram_uncorrectable: int = Field(0, ge=0)
+    sram_correctable: int = Field(0, ge=0)
+    sram_uncorrectable: int = Field(0, ge=0)
+
+
+class EccErrors(Strict):
+    """ECC error counts since the driver loaded (volatile) and over the board's life (aggregate)."""
+
+    volatile: EccCounters = EccCounters()
+    aggregate: EccCounters = EccCounters()
 
 
 class RowRemapping(Strict):
@@ -223,6 +289,7 @@ class Fabric(Strict):
     status: Literal["Success", "N/A"] = "Success"
     clique_id: int = 0
     cluster_uuid: str = "00000000-0000-0000-0000-000000000000"
+    degraded_bandwidth: bool | None = Field(None, description="fabric health: bandwidth degraded; None = not reported")
 
 
 class Process(Strict):
@@ -236,7 +303,7 @@ class GpuSpec(Strict):
     """Everything one GPU reports. Per-GPU overrides are partial dictionaries of this."""
 
     name: str = Field(min_length=1, max_length=95)
-    brand: Literal["NVIDIA", "Tesla", "Quadro", "GeForce", "Titan", "GRID", "NVS"] = "NVIDIA"
+    brand: BrandName = "NVIDIA"
     architecture: Literal["Kepler", "Maxwell", "Pascal", "Volta", "Turing", "Ampere", "Ada", "Hopper", "Blackwell"]
     compute_capability: str = Field(pattern=r"^\d+\.\d+$")
     cuda_cores: int | None = None
@@ -256,6 +323,10 @@ class GpuSpec(Strict):
     modes: Modes = Modes()
     row_remapping: RowRemapping | None = None
     retired_pages: bool = False
+    ecc_errors: EccErrors = EccErrors()
+    sram_ecc_breakdown: bool | None = Field(
+        None, description="SRAM ECC split into parity/SEC-DED with sources; None: Ampere and later"
+    )
     fans: int = 0
     fan_speed: Percent = 0
     nvlink: NvLink = NvLink()
@@ -272,8 +343,12 @@ class Topology(Strict):
     numa_nodes: int = Field(1, ge=1, le=64)
     cpus: int = Field(0, ge=0, le=1024, description="CPUs on the node; 0 = this machine's count")
     module_ids: list[int] = Field(default_factory=list)
+    nvswitches: list[str] = Field(
+        default_factory=list, description="bus ids of the NVSwitches the GPUs' NVLinks reach (HGX baseboards)"
+    )
+    nvswitch_device_id: int = Field(0x22A3, description="their PCI device id (0x22A3 H100 NVSwitch, 0x1AF1 A100's)")
 
-    @field_validator("bus_ids")
+    @field_validator("bus_ids", "nvswitches")
     @classmethod
     def _bus_ids(cls, v: list[str]) -> list[str]:
         for item in v:

@@ -24,13 +24,14 @@ import cffi
 
 from . import atomic
 from .native import STATE_WRITER, header_path, library_path
-from .profile import MIB, Architecture, Brand, Device, Profile
+from .profile import ATOMIC_CAPS, BRANDS, MIB, Architecture, Device, Profile, parse_bus_id
 
 COMPUTE_MODES = {"Default": 0, "Exclusive_Thread": 1, "Prohibited": 2, "Exclusive_Process": 3}
 VIRT_MODES = {"None": 0, "Pass-Through": 1, "vGPU": 2, "Host vGPU": 3, "Host vSGA": 4}
 FABRIC_STATES = {"Not Supported": 0, "Not Started": 1, "In Progress": 2, "Completed": 3}
 # nvmlTemperatureThresholds_t
 TH_SHUTDOWN, TH_SLOWDOWN, TH_MEM_MAX, TH_GPU_MAX = 0, 1, 2, 3
+TH_ACOUSTIC_MIN, TH_ACOUSTIC_CURR, TH_ACOUSTIC_MAX = 4, 5, 6  # target temperature and its range
 
 
 class StateError(Exception):
@@ -115,8 +116,6 @@ def multiprocessors(compute_capability: str, cuda_cores: int | None) -> int:
 def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
     """Write one GPU record from a concrete device."""
     s = device.spec
-    from .profile import parse_bus_id
-
     dom, bus, dev, fn = parse_bus_id(device.bus_id)
     _put_str(g.name, s.name)
     _put_str(g.uuid, device.uuid)
@@ -131,7 +130,7 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
     _put_str(g.bus_id, device.bus_id)
     g.index = device.index
     g.minor_number = device.index
-    g.brand = int(Brand[s.brand])
+    g.brand = BRANDS[s.brand]
     g.architecture = int(Architecture[s.architecture])
     major, minor = s.compute_capability.split(".")
     g.cc_major, g.cc_minor = int(major), int(minor)
@@ -158,6 +157,9 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
         flags |= const("MOKKA_GPU_POWER_MANAGEMENT")
     if s.architecture in ("Ada", "Hopper", "Blackwell"):
         flags |= const("MOKKA_GPU_TLIMIT")
+    sram_split = s.architecture in ("Ampere", "Ada", "Hopper", "Blackwell")
+    if s.sram_ecc_breakdown if s.sram_ecc_breakdown is not None else sram_split:
+        flags |= const("MOKKA_GPU_SRAM_STATUS")
     g.flags = flags
     g.num_cores = _opt(s.cuda_cores)
     g.multiprocessor_count = multiprocessors(s.compute_capability, s.cuda_cores)
@@ -213,6 +215,9 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
     g.thresholds[TH_SLOWDOWN] = _opt(t.slowdown)
     g.thresholds[TH_MEM_MAX] = _opt(t.memory_max)
     g.thresholds[TH_GPU_MAX] = _opt(t.gpu_max)
+    g.thresholds[TH_ACOUSTIC_MIN] = _opt(t.target_min)
+    g.thresholds[TH_ACOUSTIC_CURR] = _opt(t.target)
+    g.thresholds[TH_ACOUSTIC_MAX] = _opt(t.target_max)
 
     c = s.clocks
     for target, clockset in (
@@ -283,6 +288,53 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
         g.procs[i].type = 0 if proc.type == "C" else 1
         g.procs[i].used_memory = proc.used_memory_mib * MIB
         _put_str(g.procs[i].name, proc.name)
+    fill_board_extras(g, device, profile)
+
+
+# nvmlMemoryLocation_t values the profile's ECC counts land in
+LOC_DRAM, LOC_SRAM = 2, 7
+# nvmlGpuFabricInfo_v3_t healthMask, degraded-bandwidth field: 1 degraded, 2 full
+FABRIC_BW_DEGRADED, FABRIC_BW_FULL = 1, 2
+
+
+def _atomic_mask(names: list[str]) -> int:
+    return sum(1 << ATOMIC_CAPS.index(n) for n in set(names))
+
+
+def nvlink_far_ends(device: Device, profile: Profile) -> list[str]:
+    """The bus id each NVLink of a GPU reaches: the node's NVSwitches, links split among them
+    in order (18 links over 4 switches: 5, 4, 4, 5 as on HGX H100); none without switches."""
+    switches, links = profile.topology.nvswitches, device.spec.nvlink.links
+    if not switches or not links:
+        return []
+    n = len(switches)
+    sizes = [links // n + (1 if i < links % n else 0) for i in range(n)]
+    if n > 2 and links % n == 2:  # 18 over 4: the outer switches take the extra links
+        sizes = [links // n + (1 if i in (0, n - 1) else 0) for i in range(n)]
+    return [bus for bus, size in zip(switches, sizes, strict=True) for _ in range(size)]
+
+
+def fill_board_extras(g: Any, device: Device, profile: Profile) -> None:
+    """Sparse mode, PCIe atomics, ECC counts, fabric health and NVLink far ends."""
+    s = device.spec
+    g.sparse_mode = _opt(None if s.modes.sparse is None else int(s.modes.sparse))
+    g.atomic_caps_in = _atomic_mask(list(s.pci.atomic_caps_inbound))
+    g.atomic_caps_out = _atomic_mask(list(s.pci.atomic_caps_outbound))
+    for counter, counts in enumerate((s.ecc_errors.volatile, s.ecc_errors.aggregate)):
+        g.ecc_counts[0][counter][LOC_DRAM] = counts.dram_correctable
+        g.ecc_counts[1][counter][LOC_DRAM] = counts.dram_uncorrectable
+        g.ecc_counts[0][counter][LOC_SRAM] = counts.sram_correctable
+        g.ecc_counts[1][counter][LOC_SRAM] = counts.sram_uncorrectable
+    bw = s.fabric.degraded_bandwidth
+    g.fabric_health = 0 if bw is None else (FABRIC_BW_DEGRADED if bw else FABRIC_BW_FULL)
+    ends = nvlink_far_ends(device, profile)
+    g.nvlink_remote_device_id = (profile.topology.nvswitch_device_id << 16) | 0x10DE if ends else 0
+    for i in range(const("MOKKA_MAX_NVLINKS")):
+        if i < len(ends):
+            dom, bus, dev, fn = parse_bus_id(ends[i])
+            g.nvlink_remote[i] = ((dom & 0xFFFF) << 16) | (bus << 8) | (dev << 3) | fn
+        else:
+            g.nvlink_remote[i] = na()
 
 
 def region_size(gpu_count: int) -> int:

@@ -41,7 +41,7 @@
 #include <stdint.h>
 
 #define MOKKA_STATE_MAGIC 0x41544b4f4b4b4f4d
-#define MOKKA_STATE_VERSION 2
+#define MOKKA_STATE_VERSION 3
 #define MOKKA_TRAILER_MAGIC 0x4c5254414b4b4f4d  /* "MOKKATRL" */
 #define MOKKA_STATE_ALIGN 65536   /* region offset in a library file: a multiple of every Linux page size */
 #define MOKKA_MAX_GPUS 64
@@ -69,6 +69,7 @@
 #define MOKKA_GPU_REMAP_PENDING 128
 #define MOKKA_GPU_REMAP_FAILURE 256
 #define MOKKA_GPU_TLIMIT 512         /* reports T.Limit-relative thresholds (Ada and later) */
+#define MOKKA_GPU_SRAM_STATUS 1024   /* answers nvmlDeviceGetSramEccErrorStatus (SRAM parity/SEC-DED split) */
 
 typedef struct {
     uint32_t pid;
@@ -222,6 +223,14 @@ typedef struct {
     /* pending events (XID and others) for nvmlEventSetWait: a counter per kind */
     uint64_t xid_count;
     uint64_t last_xid;
+
+    /* what nvidia-smi reads through its private table, and NVLink's far ends */
+    uint32_t sparse_mode;           /* sparse operation mode 0/1; MOKKA_NA: not supported */
+    uint32_t atomic_caps_out;       /* PCIe atomics as nvidia-smi lists them (bit 0 FETCHADD_32, 1 FETCHADD_64, */
+    uint32_t atomic_caps_in;        /* 2 SWAP_32, 3 SWAP_64, 4 CAS_32, 5 CAS_64, 6 CAS_128); 0: N/A */
+    uint32_t fabric_health;         /* nvmlGpuFabricInfo_v3_t healthMask */
+    uint32_t nvlink_remote_device_id;   /* (device << 16) | vendor of the links' far end; 0: not known */
+    uint32_t nvlink_remote[MOKKA_MAX_NVLINKS];  /* far end of each link: (domain << 16) | (bus << 8) | (device << 3) | function */
 } mokka_gpu_t;
 
 /* Node-wide live data: the start of each copy. */

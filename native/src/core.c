@@ -112,6 +112,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUIDV(const nvmlUUID_t *uuid, nvmlDevice_t *device) {
+    RELEASE_GATE();
     if (!uuid) return NVML_ERROR_INVALID_ARGUMENT;
     if (uuid->type != NVML_UUID_TYPE_ASCII) return NVML_ERROR_NOT_FOUND;
     return nvmlDeviceGetHandleByUUID(uuid->value.str, device);
@@ -227,6 +228,7 @@ EXPORT nvmlReturn_t nvmlSystemGetTopologyGpuSet(unsigned int cpu, unsigned int *
 }
 
 EXPORT nvmlReturn_t nvmlSystemGetDriverBranch(nvmlSystemDriverBranchInfo_t *info, unsigned int length) {
+    RELEASE_GATE();
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
     if (!info || length < 8) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned major = (unsigned)atoi(g_state.hdr->driver_version);

@@ -112,6 +112,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttri
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetPlatformInfo(nvmlDevice_t device, nvmlPlatformInfo_t *info) {
+    RELEASE_GATE();
     GET_GPU(device, g);
     NEED(info);
     unsigned int version = info->version;
@@ -179,6 +180,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoExt_t *pci) {
+    RELEASE_GATE();
     GET_GPU(device, g);
     NEED(pci);
     if (pci->version != nvmlPciInfoExt_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
@@ -478,6 +480,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatur
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature) {
+    RELEASE_GATE();
     GET_GPU(device, g);
     NEED(temperature);
     if (temperature->version != nvmlTemperature_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
@@ -721,6 +724,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetAccountingPids(nvmlDevice_t device, unsigned in
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetC2cModeInfoV(nvmlDevice_t device, nvmlC2cModeInfo_v1_t *info) {
+    RELEASE_GATE();
     GET_GPU(device, g);
     NEED(info);
     if (mokka_is_na(g->c2c_mode)) return NVML_ERROR_NOT_SUPPORTED;
@@ -913,6 +917,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryAffinity(nvmlDevice_t device, unsigned in
 /* The GPU's own memory as a NUMA node: only on coherent (C2C) platforms such as Grace
  * Blackwell; a PCIe-attached GPU answers NOT_SUPPORTED (a real H200 does). */
 EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node) {
+    RELEASE_GATE();
     GET_GPU(device, g);
     NEED(node);
     if (mokka_is_na(g->numa_node) || g->c2c_mode != 1) return NVML_ERROR_NOT_SUPPORTED;
@@ -1015,8 +1020,22 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, uns
     NEED(pci);
     nvmlReturn_t r = nvlink_check(g, link);
     if (r) return r;
-    /* SXM boards reach NVSwitches; report the switch side as an NVIDIA bridge. */
     memset(pci, 0, sizeof *pci);
+    uint32_t far = g->nvlink_remote[link];
+    if (!mokka_is_na(far)) {
+        /* The NVSwitch this link reaches, a PCI function of the node as on HGX baseboards
+         * (lspci: "Bridge [0680]: NVIDIA ... NVSwitch"; hwloc marks it subtype NVSwitch). */
+        unsigned dom = far >> 16, bus = far >> 8 & 0xff, dev = far >> 3 & 0x1f, fn = far & 7;
+        snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", dom, bus, dev, fn);
+        snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.%X", dom, bus, dev, fn);
+        pci->domain = dom;
+        pci->bus = bus;
+        pci->device = dev;
+        pci->pciDeviceId = g->nvlink_remote_device_id;
+        pci->pciSubSystemId = g->nvlink_remote_device_id;
+        return NVML_SUCCESS;
+    }
+    /* Far end not known (the profile names no NVSwitches): a placeholder no PCI tree has. */
     snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", 0xFFFFFFFFu, 0xFF, 0x1F);
     snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "FFFF:FF:1F.0");
     pci->domain = 0xFFFFFFFFu;
@@ -1075,6 +1094,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabri
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV_t *info) {
+    RELEASE_GATE();
     GET_GPU(device, g);
     NEED(info);
     unsigned int version = info->version;
@@ -1082,7 +1102,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabr
     size_t size = version == nvmlGpuFabricInfo_v2 ? sizeof(nvmlGpuFabricInfo_v2_t) : sizeof(nvmlGpuFabricInfo_v3_t);
     memset(info, 0, size);
     info->version = version;
-    return fabric_fill(g, info->clusterUuid, &info->status, &info->cliqueId, &info->state);
+    nvmlReturn_t r = fabric_fill(g, info->clusterUuid, &info->status, &info->cliqueId, &info->state);
+    if (r == NVML_SUCCESS) info->healthMask = g->fabric_health; /* v2 and v3 both carry it */
+    return r;
 }
 
 /* ---- misc -------------------------------------------------------------------------- */
@@ -1104,14 +1126,18 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuOperationMode(nvmlDevice_t device, nvmlGpuOp
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t device, nvmlDriverModel_t *current, nvmlDriverModel_t *pending) {
+static nvmlReturn_t driver_model(nvmlDevice_t device, nvmlDriverModel_t *current, nvmlDriverModel_t *pending) {
     GET_GPU(device, g);
     (void)g;
     (void)current; (void)pending;
     return NVML_ERROR_NOT_SUPPORTED; /* Windows only */
 }
+EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t device, nvmlDriverModel_t *current, nvmlDriverModel_t *pending) {
+    RELEASE_GATE();
+    return driver_model(device, current, pending);
+}
 EXPORT nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t device, nvmlDriverModel_t *current, nvmlDriverModel_t *pending) {
-    return nvmlDeviceGetDriverModel_v2(device, current, pending);
+    return driver_model(device, current, pending);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetAPIRestriction(nvmlDevice_t device, nvmlRestrictedAPI_t api, nvmlEnableState_t *state) {
@@ -1147,6 +1173,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGspFirmwareVersion(nvmlDevice_t device, char *v
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceAddressingMode_t *mode) {
+    RELEASE_GATE();
     GET_GPU(device, g);
     (void)g;
     NEED(mode);
@@ -1156,6 +1183,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceA
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetPdi(nvmlDevice_t device, nvmlPdi_t *pdi) {
+    RELEASE_GATE();
     GET_GPU(device, g);
     NEED(pdi);
     if (pdi->version != nvmlPdi_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
@@ -1166,6 +1194,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPdi(nvmlDevice_t device, nvmlPdi_t *pdi) {
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetRepairStatus(nvmlDevice_t device, nvmlRepairStatus_t *status) {
+    RELEASE_GATE();
     GET_GPU(device, g);
     (void)g;
     NEED(status);

@@ -62,6 +62,16 @@ const mokka_gpu_t *mokka_gpu_by_bus_id(const char *bus_id);
 /* The GPU's processes of one type (0 compute, 1 graphics, 2 MPS), copied under the seqlock. */
 unsigned mokka_processes(const mokka_gpu_t *g, unsigned type, mokka_process_t out[MOKKA_MAX_PROCS]);
 nvmlReturn_t mokka_copy_string(char *dst, unsigned int length, const char *src, size_t src_size);
+/* The GPU's T.Limit margin: degrees below its maximum operating temperature (thermal.c). */
+nvmlReturn_t mokka_tlimit_margin(const mokka_gpu_t *g, int *degrees);
+
+/* Whether the library of the driver release the state reports exports `name` (release.c):
+ * functions newer than that release answer as its library would, by not being there. */
+int mokka_release_exports(const char *name);
+#define RELEASE_GATE()                                                                   \
+    do {                                                                                 \
+        if (!mokka_release_exports(__func__)) return NVML_ERROR_FUNCTION_NOT_FOUND;      \
+    } while (0)
 #define COPY_FIELD(dst, length, field) mokka_copy_string((dst), (length), (field), sizeof(field))
 
 #endif

@@ -13,10 +13,22 @@
  * timestamp, 0x528's is the integer 1). NOT_SUPPORTED makes the -q fields those slots feed
  * print "N/A" instead of the "Uninitialized" a size-8 table leaves.
  *
- * Established contracts (identical offsets in 535 and 550):
+ * Established contracts (the same offsets in 535, 550 and 555 unless said otherwise). Each
+ * was found by logging every slot call with its first six argument registers, then answering
+ * one slot with chosen values and reading what each nvidia-smi printed (`-q`, `-q -x`,
+ * `--query-gpu`); arguments listed are the ones nvidia-smi fills, registers beyond them held
+ * left-over values:
  *   0x240 (device, unsigned int *supported): dmon/pmon ask it once per GPU. Failing it, or
  *         writing 0, prints "Not supported on the device(s)"; writing a non-zero 32-bit
  *         value lets dmon print its rows from the public API.
+ *   0x288 (unsigned int index, char *buf, unsigned int length = 0x22): the PCI bus id of the
+ *         GPU nvidia-smi enumerates as `index`, asked once per GPU in every mode. It is only
+ *         printed when the GPU's handle cannot be had: "Unable to determine the device handle
+ *         for GPU<bus id>: GPU is lost." (index instead when the slot fails). Answered in the
+ *         4-digit-domain form real reports show ("0000:41:00.0"), lost GPUs included.
+ *   0x360 (device, unsigned int *milliwatts): the enforced power limit for
+ *         `--query-gpu=enforced.power.limit` (N/A when the slot fails, although the public
+ *         nvmlDeviceGetEnforcedPowerLimit answers; `-q` uses the public call).
  *   0x6a8 / 0x6b0 / 0x6b8 (device, unsigned int *count, record *buf): compute / MPS /
  *         graphics processes. *count comes in as the capacity (500 in plain and -q, 250 in
  *         --query-compute-apps) and goes out as the number written. 4128-byte records:
@@ -26,22 +38,37 @@
  *         nothing is listed unless all three succeed; a pid in both the compute and the MPS
  *         list prints as type "M+C", graphics as "G". pmon (through a worker thread) also
  *         needs them: while they fail it retries forever and never prints.
+ *   0x710 (device, struct { u32 outbound; u32 inbound; } *caps): PCIe atomic capabilities,
+ *         "Atomic Caps Outbound/Inbound" in -q. Each word is a bit mask nvidia-smi prints as
+ *         names: bit 0 FETCHADD_32, 1 FETCHADD_64, 2 SWAP_32, 3 SWAP_64, 4 CAS_32, 5 CAS_64,
+ *         6 CAS_128 (higher bits print nothing); a word of 0 prints N/A.
  *   0x738 (device, char *buf, unsigned int length): GPU Part Number (length 0x50).
  *   0x768 has the same shape (length 0x14) and feeds FRU Part Number; real boards print
  *         N/A there, so it stays unsupported.
+ *   0x780 (device, int *degrees): the GPU's T.Limit temperature, the margin between its
+ *         temperature and its maximum operating temperature ("GPU T.Limit Temp",
+ *         `temperature.gpu.tlimit`). Its success also switches the threshold lines of -q
+ *         from "GPU Shutdown/Slowdown/Max Operating Temp" (public thresholds) to their
+ *         "... T.Limit Temp" forms, which nvidia-smi reads as field values
+ *         (NVML_FI_DEV_TEMPERATURE_*_TLIMIT, see fields.c). Real Ada, Hopper and Blackwell
+ *         boards answer it; older ones print N/A and the plain thresholds.
+ *   0x7c8 in 550 and 555, 0x798 in 535 (device, unsigned int *mode): sparse operation mode,
+ *         0 printed Disabled, anything else Enabled. Each release calls only its own offset
+ *         (535's table ends at 0x7a8, and 550/555 never call 0x798), so both are served.
  *   0x0b8 (const char *bus_id_a, const char *bus_id_b, int *level): `topo -m` asks it for
  *         every GPU pair (8-digit-domain bus id strings) and fails the whole matrix
  *         ("Failed to run topology matrix") unless it answers. Levels 0..4 are PIX, PXB,
  *         PHB, NODE, SYS and 5..22 NV1..NV18; nvidia-smi itself substitutes NV# for pairs
  *         it finds joined by NVLink through the public API.
- * Slots seen but left unsupported: 0x0d0 (called once per output line),
- * 0x288 (device handle by index; nvidia-smi falls back to the public call), 0x488 (pmon,
- * per-process utilization since a timestamp), 0x528 (IBMNPU relaxed ordering), 0x688
- * (voltage), 0x710 (atomic caps), 0x730 (PCIe host max gen), 0x740 (deferred memory clock),
- * 0x780 (T.Limit temperature; NOT_SUPPORTED selects the plain "Shutdown/Slowdown Temp"
- * labels filled from the public thresholds), 0x790 (addressing mode), 0x7c8 on 550 and
- * 0x798 on 535 (sparse operation mode: the same query sits at different offsets). */
+ * Slots seen but left unsupported: 0x0d0 (called once per output line with nvidia-smi's
+ * own format string "nvidia-smi %s: %s\n": a debug log), 0x488 (pmon, per-process
+ * utilization since a timestamp), 0x528 (IBMNPU relaxed ordering; 555 also calls it with 2),
+ * 0x688 (voltage), 0x730 (PCIe host max gen: the host's, not the board's), 0x740 (deferred
+ * memory clock), 0x790 (addressing mode). What else feeds -q comes from the public API:
+ * the SRAM ECC lines (nvmlDeviceGetSramEccErrorStatus), fabric health
+ * (nvmlDeviceGetGpuFabricInfoV) and 555's capabilities (nvmlDeviceGetCapabilities). */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -105,6 +132,42 @@ static nvmlReturn_t gpu_part_number(nvmlDevice_t device, char *buf, unsigned int
     return mokka_copy_string(buf, length, pn, sizeof pn);
 }
 
+static nvmlReturn_t bus_id_by_index(unsigned int index, char *buf, unsigned int length) {
+    if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
+    if (!buf || index >= g_mokka.visible_count) return NVML_ERROR_INVALID_ARGUMENT;
+    const mokka_gpu_t *g = mokka_handle_gpu(&g_mokka.devices[index]); /* lost GPUs too */
+    char id[32];
+    snprintf(id, sizeof id, "%04X:%02X:%02X.%X", g->pci_domain & 0xffff, g->pci_bus, g->pci_device, g->pci_function);
+    return mokka_copy_string(buf, length, id, sizeof id);
+}
+
+static nvmlReturn_t enforced_power_limit(nvmlDevice_t device, unsigned int *milliwatts) {
+    return nvmlDeviceGetEnforcedPowerLimit(device, milliwatts);
+}
+
+static nvmlReturn_t atomic_caps(nvmlDevice_t device, uint32_t caps[2]) {
+    GET_GPU(device, g);
+    if (!caps) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->atomic_caps_out && !g->atomic_caps_in) return NVML_ERROR_NOT_SUPPORTED;
+    caps[0] = g->atomic_caps_out;
+    caps[1] = g->atomic_caps_in;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t tlimit_temperature(nvmlDevice_t device, int *degrees) {
+    GET_GPU(device, g);
+    if (!degrees) return NVML_ERROR_INVALID_ARGUMENT;
+    return mokka_tlimit_margin(g, degrees);
+}
+
+static nvmlReturn_t sparse_mode(nvmlDevice_t device, unsigned int *mode) {
+    GET_GPU(device, g);
+    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+    if (mokka_is_na(g->sparse_mode)) return NVML_ERROR_NOT_SUPPORTED;
+    *mode = g->sparse_mode;
+    return NVML_SUCCESS;
+}
+
 enum { TOPO_NODE = 3, TOPO_SYS = 4 };
 
 static nvmlReturn_t topology_level(const char *bus_id_a, const char *bus_id_b, int *level) {
@@ -128,6 +191,12 @@ static void smi_table_fill(void) {
     smi_table[SLOT(0x6b0)] = (void *)mps_processes;
     smi_table[SLOT(0x6b8)] = (void *)graphics_processes;
     smi_table[SLOT(0x738)] = (void *)gpu_part_number;
+    smi_table[SLOT(0x288)] = (void *)bus_id_by_index;
+    smi_table[SLOT(0x360)] = (void *)enforced_power_limit;
+    smi_table[SLOT(0x710)] = (void *)atomic_caps;
+    smi_table[SLOT(0x780)] = (void *)tlimit_temperature;
+    smi_table[SLOT(0x798)] = (void *)sparse_mode; /* 535 */
+    smi_table[SLOT(0x7c8)] = (void *)sparse_mode; /* 550, 555 */
 }
 
 EXPORT nvmlReturn_t nvmlInternalGetExportTable(const void **table, const unsigned char *id) {
