@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from .root import GPUS_OPTION, fail, load_profile, main
 
 @main.group()
 def profile() -> None:
-    """List, show and validate GPU profiles."""
+    """List, show, validate and import GPU profiles."""
 
 
 @profile.command("list")
@@ -111,3 +112,63 @@ def driver_root_cmd(profile_name: str, gpus: int | None, out: Path) -> None:
     click.echo(f"  library: {root.library} (carries the state)")
     click.echo(f"  libcuda: {root.cuda}")
     click.echo(f"try: LD_LIBRARY_PATH={root.libdir} nvidia-smi")
+
+
+@profile.command("import")
+@click.argument("capture", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--name", help="Profile name (default: from the product name).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here (default: stdout).")
+@click.option("--query-csv", type=click.Path(dir_okay=False, path_type=Path), help="nvidia-smi --query-gpu CSV.")
+@click.option("--nvml", type=click.Path(dir_okay=False, path_type=Path), help="NVML dump (tools/capture).")
+@click.option("--text", "smi_text", type=click.Path(dir_okay=False, path_type=Path), help="nvidia-smi -q text.")
+@click.option("--keep-ids", is_flag=True, help="Keep the capture's serials and UUIDs (default: regenerate).")
+@click.option("--driver", help="Report this driver version instead of the capture's.")
+@click.option("--cuda", help="Report this CUDA version instead of the capture's.")
+def profile_import(
+    capture: Path,
+    name: str | None,
+    output: Path | None,
+    query_csv: Path | None,
+    nvml: Path | None,
+    smi_text: Path | None,
+    keep_ids: bool,
+    driver: str | None,
+    cuda: str | None,
+) -> None:
+    """Make a profile from a real node's `nvidia-smi -q -x` CAPTURE (plain or gzip).
+
+    Every value the capture (and the optional files of the same node) carries goes into the
+    profile; what none of them carries comes from the closest built-in board, and the
+    output lists those fields as inferred.
+    """
+    from gpumodel import atomic, importer
+    from gpumodel import profile as profiles
+
+    if name is not None and not re.match(r"^[a-z0-9][a-z0-9._-]*$", name):
+        fail(f"--name {name}: use lower-case letters, digits, '.', '_' and '-'")
+    for flag, value, pattern in (("--driver", driver, r"^\d+\.\d+(\.\d+)?$"), ("--cuda", cuda, r"^\d+\.\d+$")):
+        if value is not None and not re.match(pattern, value):
+            fail(f"{flag} {value}: not a version number like {'550.163.01' if flag == '--driver' else '12.4'}")
+    try:
+        result = importer.import_capture(
+            capture, name=name, query=query_csv, nvml=nvml, smi_q=smi_text, keep_ids=keep_ids, driver=driver, cuda=cuda
+        )
+        profiles.load_text(result.yaml_text(), str(output or "imported profile"))
+    except (importer.ImportFailure, profiles.ProfileError) as exc:
+        fail(str(exc).splitlines()[0])
+    text = result.yaml_text()
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        atomic.write(output, text.encode())
+    except OSError as exc:
+        fail(f"{output}: {exc.strerror or exc}")
+    gpus = result.data["gpu_count"]
+    click.echo(f"wrote {output}: {gpus}x {result.data['gpu']['name']} (closest built-in: {result.base})", err=True)
+    if result.inferred:
+        click.echo(f"  inferred from {result.base} or derived: {', '.join(result.inferred)}", err=True)
+    if result.unknown:
+        click.echo(f"  unknown, left N/A: {', '.join(result.unknown)}", err=True)
+    for note in result.notes:
+        click.echo(f"  note: {note}", err=True)
