@@ -450,6 +450,58 @@ def files(profile: Profile) -> dict[Path, bytes | Link]:
     text(proc / "capabilities/mig/config", "DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
     text(proc / "capabilities/mig/monitor", "DeviceFileMinor: 2\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
     text("proc/modules", proc_modules())
+    out.update(nvswitch_files(profile))
+    return out
+
+
+# NVSwitch PCI functions of HGX baseboards (profile topology.nvswitches): lspci shows them as
+# "Bridge [0680]: NVIDIA Corporation ... NVSwitch" (a real HGX H100: four at cf..d2:00.0);
+# hwloc's NVML plugin looks up each NVLink's far end (nvmlDeviceGetNvLinkRemotePciInfo) by
+# bus id and accepts a bridge (class 0x06) of vendor 0x10de as a switch. Class 0x0680 with
+# prog-if 01, as hwloc's plugin notes for NVSwitches.
+NVSWITCH_CLASS = 0x068001
+
+
+def nvswitch_config_space(device_id: int) -> bytes:
+    cfg = bytearray(4096)
+    struct.pack_into("<HHHH", cfg, 0x00, 0x10DE, device_id, 0x0146, 0x0010)
+    struct.pack_into("<I", cfg, 0x08, (NVSWITCH_CLASS << 8) | 0xA1)
+    struct.pack_into("<HH", cfg, 0x2C, 0x10DE, 0x0000)
+    return bytes(cfg)
+
+
+def nvswitch_files(profile: Profile) -> dict[Path, bytes | Link]:
+    """The profile's NVSwitches as PCI functions of their own root buses (no driver bound)."""
+    out: dict[Path, bytes | Link] = {}
+    switches = profile.topology.nvswitches
+    nodes = profile.topology.numa_nodes
+    cpus_total = cpu_count(profile)
+    for i, bus_id in enumerate(switches):
+        name = PciName.of(bus_id)
+        base = Path("sys/devices") / name.root_bus / name.slot
+        node = min(nodes - 1, i * nodes // len(switches))
+        per_node = max(1, cpus_total // nodes)
+        cpus = list(range(node * per_node, cpus_total if node == nodes - 1 else (node + 1) * per_node))
+        device_id = profile.topology.nvswitch_device_id
+        for key, value in (
+            ("vendor", "0x10de"),
+            ("device", f"0x{device_id:04x}"),
+            ("class", f"0x{NVSWITCH_CLASS:06x}"),
+            ("revision", "0xa1"),
+            ("subsystem_vendor", "0x10de"),
+            ("subsystem_device", "0x0000"),
+            ("numa_node", str(node if nodes > 1 else -1)),
+            ("local_cpulist", cpulist(cpus)),
+            ("local_cpus", cpumask(cpus, cpus_total)),
+            ("enable", "1"),
+            ("power_state", "D0"),
+            ("modalias", f"pci:v000010DEd0000{device_id:04X}sv000010DEsd00000000bc06sc80i01"),
+        ):
+            out[base / key] = (value + "\n").encode()
+        out[base / "config"] = nvswitch_config_space(device_id)
+        out[base / "subsystem"] = Link(rel_path(Path("sys/bus/pci"), base / "subsystem"))
+        bus_link = Path("sys/bus/pci/devices") / name.slot
+        out[bus_link] = Link(rel_path(base, bus_link))
     return out
 
 

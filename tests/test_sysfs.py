@@ -97,7 +97,8 @@ def test_tree_matches_profile(tree: Callable[..., tuple[Profile, Path]], name: s
     prof, root = tree(name)
     devices = prof.devices()
     listed = sorted(os.listdir(root / "sys/bus/pci/devices"))
-    assert listed == sorted(sysfs.sysfs_name(d) for d in devices)
+    switches = [sysfs.PciName.of(b).slot for b in prof.topology.nvswitches]  # HGX NVSwitches beside the GPUs
+    assert listed == sorted([sysfs.sysfs_name(d) for d in devices] + switches)
     for d in devices:
         p = d.spec.pci
         slot = sysfs.sysfs_name(d)
@@ -471,9 +472,10 @@ def test_every_hook_redirects(probe: Path, shim: Path, tree: Callable[..., tuple
         assert run_probe(probe, shim, root, call, "/proc/driver/nvidia/gpus") == "ok"
         assert run_probe(probe, shim, root, call, "/sys/bus/pci/drivers/nvidia/nothing") == "error ENOENT"
     elif call in LISTS:
-        expected = " ".join(sorted(sysfs.sysfs_name(x) for x in prof.devices()))
-        assert run_probe(probe, shim, root, call, "/sys/bus/pci/devices") == expected
-        assert run_probe(probe, shim, root, call, "/proc/driver/nvidia/gpus") == expected
+        gpus = [sysfs.sysfs_name(x) for x in prof.devices()]
+        switches = [sysfs.PciName.of(b).slot for b in prof.topology.nvswitches]
+        assert run_probe(probe, shim, root, call, "/sys/bus/pci/devices") == " ".join(sorted(gpus + switches))
+        assert run_probe(probe, shim, root, call, "/proc/driver/nvidia/gpus") == " ".join(sorted(gpus))
     elif call in LINKS:
         assert run_probe(probe, shim, root, call, bus_path) == f"../../..{dev_path[4:]}"
         assert run_probe(probe, shim, root, call, f"{bus_path}/driver") == "../../../bus/pci/drivers/nvidia"
@@ -539,7 +541,7 @@ def test_lspci_lists_profile_gpus(shim: Path, tree: Callable[..., tuple[Profile,
     prof, root = tree(name)
     res = run_with_shim([lspci, "-D", "-nn"], shim, root)
     assert res.returncode == 0, res.stderr
-    lines = res.stdout.splitlines()
+    lines = [ln for ln in res.stdout.splitlines() if " Bridge [0680]: " not in ln]  # NVSwitches: test_nvswitch.py
     devices = prof.devices()
     assert len(lines) == len(devices)
     for d, line in zip(sorted(devices, key=sysfs.sysfs_name), lines, strict=True):
