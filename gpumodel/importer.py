@@ -223,7 +223,17 @@ def _power(gpu: ET.Element, legacy: dict[str, str | None]) -> tuple[dict[str, An
         "max_limit_w": _num(text(mod, "max_power_limit")),
     }
     if mod_limits["limit_w"] is not None and mod_limits["max_limit_w"] is not None:
-        out["module"] = {k: (v if v is not None else (mod_limits["min_limit_w"] or 0.0)) for k, v in mod_limits.items()}
+        # the model has no N/A for a module limit: a missing one is the nearest value that holds
+        limit, most = mod_limits["limit_w"], mod_limits["max_limit_w"]
+        out["module"] = {
+            "draw_w": mod_limits["draw_w"] or 0.0,
+            "limit_w": limit,
+            "default_limit_w": mod_limits["default_limit_w"] if mod_limits["default_limit_w"] is not None else limit,
+            "min_limit_w": mod_limits["min_limit_w"] if mod_limits["min_limit_w"] is not None else 0.0,
+            "max_limit_w": most,
+        }
+        if mod_limits["min_limit_w"] is None:
+            notes.append("module power: minimum limit N/A in the capture, modelled as 0 W")
     else:
         out["module"] = None
     return out, notes
