@@ -1,0 +1,133 @@
+"""The node's GPUs as ``resource.k8s.io/v1`` objects, under NVIDIA's names: pure functions.
+
+Facts from NVIDIA's GPU DRA driver (github.com/NVIDIA/k8s-dra-driver-gpu,
+``cmd/gpu-kubelet-plugin/deviceinfo.go`` and the chart's ``deviceclass-gpu.yaml``), kept so that
+DeviceClasses and ResourceClaims written for a real cluster select these devices unchanged:
+
+- driver ``gpu.nvidia.com``; one pool per node, named after the node; devices ``gpu-<minor>``;
+- attributes in the driver's domain (a CEL selector reads them as
+  ``device.attributes["gpu.nvidia.com"].productName``): ``type`` = ``gpu``, ``uuid``,
+  ``productName``, ``brand``, ``architecture``, ``pcieBusID``, ``addressingMode`` (strings),
+  ``cudaComputeCapability``, ``driverVersion``, ``cudaDriverVersion`` (versions, normalised by
+  Masterminds/semver as the driver does: ``550.163.01`` -> ``550.163.1``, ``9.0`` -> ``9.0.0``),
+  ``index`` and ``minor`` (ints, as the driver published them before it dropped them);
+- ``resource.kubernetes.io/pcieRoot`` (the standard attribute) when sysfs resolves it;
+- capacity ``memory``: the framebuffer size in bytes, as a binary quantity (``81559Mi``);
+- DeviceClass ``gpu.nvidia.com``: ``device.driver == 'gpu.nvidia.com' &&
+  device.attributes['gpu.nvidia.com'].type == 'gpu'``, with ``extendedResourceName:
+  nvidia.com/gpu`` as the chart sets it for resource.k8s.io/v1.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .gpus import Gpu, GpuInfo
+
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_DRIVER",
+    "DEVICE_CLASS_SELECTOR",
+    "PCIE_ROOT",
+    "device",
+    "device_class",
+    "quantity",
+    "resource_slice",
+    "semver",
+]
+
+API_VERSION = "resource.k8s.io/v1"
+DEFAULT_DRIVER = "gpu.nvidia.com"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+DEVICE_TYPE = "gpu"
+DEVICE_CLASS_SELECTOR = "device.driver == '{driver}' && device.attributes['{driver}'].type == 'gpu'"
+EXTENDED_RESOURCE = "nvidia.com/gpu"
+
+Json = dict[str, Any]
+
+_SEMVER = re.compile(
+    r"^v?(\d+)(\.\d+)?(\.\d+)?(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
+)
+_BINARY_SUFFIXES = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
+
+
+def semver(version: str) -> str:
+    """``semver.MustParse(v).String()`` of Masterminds/semver v1: missing parts 0, leading zeros dropped."""
+    m = _SEMVER.match(version)
+    if not m:
+        raise ValueError(f"{version!r} is not a version")
+    major, minor, patch = (int(p.lstrip(".")) if p else 0 for p in m.group(1, 2, 3))
+    return f"{major}.{minor}.{patch}{m.group(4) or ''}{m.group(6) or ''}"
+
+
+def quantity(n_bytes: int) -> str:
+    """A byte count as Kubernetes writes a binary-SI quantity: the largest exact suffix, else plain."""
+    for suffix, shift in _BINARY_SUFFIXES:
+        if n_bytes and n_bytes % (1 << shift) == 0:
+            return f"{n_bytes >> shift}{suffix}"
+    return str(n_bytes)
+
+
+def device(gpu: Gpu, info: GpuInfo) -> Json:
+    """One ResourceSlice device for ``gpu``."""
+    attributes: Json = {
+        "type": {"string": DEVICE_TYPE},
+        "uuid": {"string": gpu.uuid},
+        "index": {"int": gpu.index},
+        "minor": {"int": gpu.minor},
+        "productName": {"string": gpu.product_name},
+        "brand": {"string": gpu.brand},
+        "architecture": {"string": gpu.architecture},
+        "cudaComputeCapability": {"version": semver(gpu.cuda_compute_capability)},
+        "driverVersion": {"version": semver(info.driver_version)},
+        "cudaDriverVersion": {"version": semver(info.cuda_driver_version)},
+        "pcieBusID": {"string": gpu.pcie_bus_id},
+        "addressingMode": {"string": gpu.addressing_mode},
+    }
+    if gpu.pcie_root:
+        attributes[PCIE_ROOT] = {"string": gpu.pcie_root}
+    return {
+        "name": gpu.device_name,
+        "attributes": attributes,
+        "capacity": {"memory": {"value": quantity(gpu.memory_bytes)}},
+    }
+
+
+def resource_slice(
+    info: GpuInfo, node: str, *, driver: str = DEFAULT_DRIVER, generation: int = 1, owner_uid: str | None = None
+) -> Json:
+    """The one ResourceSlice of ``node``'s pool (named after the node) holding every GPU.
+
+    With ``owner_uid`` (the Node's UID) the slice is owned by the Node, so deleting the Node
+    deletes it; the name is left to the server (``generateName``), as the kubelet plugin helper does.
+    """
+    meta: Json = {"generateName": f"{node}-{driver}-"}
+    if owner_uid:
+        meta["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": owner_uid, "controller": True}
+        ]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": meta,
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": [device(g, info) for g in info.gpus],
+        },
+    }
+
+
+def device_class(driver: str = DEFAULT_DRIVER) -> Json:
+    """The DeviceClass NVIDIA's chart installs: every full GPU of ``driver``."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DeviceClass",
+        "metadata": {"name": driver},
+        "spec": {
+            "selectors": [{"cel": {"expression": DEVICE_CLASS_SELECTOR.format(driver=driver)}}],
+            "extendedResourceName": EXTENDED_RESOURCE,
+        },
+    }

@@ -1,0 +1,147 @@
+"""`mokka dra-plugin`: the DRA kubelet plugin for the node's mock GPUs."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import click
+
+from .root import fail, main
+
+
+@main.command("dra-plugin")
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/lib/mokka"),
+    show_default=True,
+    help="Root staged by `mokka host setup` (read: node.json; the GPUs come from its libnvidia-ml.so).",
+)
+@click.option(
+    "--node-name",
+    default=None,
+    help="This node's name in the cluster (default: $NODE_NAME, else the host name).",
+)
+@click.option("--driver-name", default="gpu.nvidia.com", show_default=True, help="DRA driver name (NVIDIA's).")
+@click.option(
+    "--kubelet-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/lib/kubelet"),
+    show_default=True,
+    help="kubelet's root directory: sockets go to plugins/<driver>/ and plugins_registry/.",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="API server credentials (default: in-cluster, else $KUBECONFIG or ~/.kube/config).",
+)
+@click.option(
+    "--cdi-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/run/cdi"),
+    show_default=True,
+    help="Where the container runtime reads CDI specs; the spec (`mokka cdi generate`) is refreshed there.",
+)
+@click.option("--cdi-kind", default="nvidia.com/gpu", show_default=True, help="CDI kind of the project's spec.")
+@click.option(
+    "--write-cdi-spec/--no-write-cdi-spec",
+    default=True,
+    show_default=True,
+    help="Write the CDI spec at start (as `mokka cdi generate --root R --output DIR` would); without it the "
+    "spec must be there already.",
+)
+@click.option(
+    "--device-class/--no-device-class",
+    default=True,
+    show_default=True,
+    help="Create the DeviceClass <driver-name> as NVIDIA's chart does, unless the cluster has one.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging (gRPC and HTTP).")
+def dra_plugin(
+    root: Path,
+    node_name: str | None,
+    driver_name: str,
+    kubelet_dir: Path,
+    kubeconfig: Path | None,
+    cdi_dir: Path,
+    cdi_kind: str,
+    write_cdi_spec: bool,
+    device_class: bool,
+    verbose: bool,
+) -> None:
+    """Run the DRA kubelet plugin: the node's mock GPUs, allocated by the scheduler through DRA.
+
+    Publishes the node's GPUs as one ResourceSlice (resource.k8s.io/v1) under the names of
+    NVIDIA's GPU DRA driver: driver gpu.nvidia.com, devices gpu-<minor>, attributes productName,
+    uuid, index, minor, architecture, brand, cudaComputeCapability, driverVersion,
+    cudaDriverVersion, pcieBusID, addressingMode, resource.kubernetes.io/pcieRoot and capacity
+    memory; so DeviceClasses and ResourceClaims written for a real cluster select them unchanged.
+    It registers with kubelet (plugins_registry/) and answers NodePrepareResources with the CDI
+    devices nvidia.com/gpu=<UUID> of the project's CDI spec; prepared claims are checkpointed
+    under plugins/<driver>/, so repeated calls, unprepare and restarts are idempotent.
+
+    Logs one line per prepare/unprepare (claim, devices, CDI IDs, or why not). Needs root (kubelet's
+    directories) and API access to ResourceSlices, ResourceClaims (read) and DeviceClasses.
+    Stops on SIGTERM/SIGINT, removing its sockets; the ResourceSlice stays for the next run.
+    """
+    import asyncio
+    import logging
+
+    import cdi as cdi_pkg
+    from gpumodel import nodelayout
+
+    try:
+        from k8snode.dra import cluster, plugin
+    except ImportError as exc:  # the generated kubelet API bindings are missing
+        fail(str(exc))
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not verbose:
+        for noisy in ("kubernetes", "urllib3", "grpclib", "hpack", "h2"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        layout = nodelayout.NodeLayout.load(root)
+    except FileNotFoundError:
+        fail(f"{root}/node.json not found: run `mokka host setup --root {root}` first")
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        fail(f"cannot read {root}/node.json: {exc}")
+    node = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+    # Everything is checked before anything is written: bad input changes nothing.
+    try:
+        spec = cdi_pkg.render(layout, kind=cdi_kind)
+    except cdi_pkg.CdiError as exc:
+        fail(str(exc))
+    spec_path = cdi_dir / cdi_pkg.file_name(spec)
+    if not write_cdi_spec and not spec_path.is_file():
+        fail(
+            f"no CDI spec {spec_path}: run `mokka cdi generate --root {root} --output {cdi_dir}` "
+            "or drop --no-write-cdi-spec"
+        )
+    try:
+        api = cluster.Cluster(cluster.load_client(str(kubeconfig) if kubeconfig else None), node, driver_name)
+    except cluster.ClusterError as exc:
+        fail(str(exc))
+    if write_cdi_spec:
+        try:
+            spec_path = cdi_pkg.write(spec, cdi_dir)
+        except cdi_pkg.CdiError as exc:
+            fail(str(exc))
+    config = plugin.Config(
+        root=root,
+        node=node,
+        driver=driver_name,
+        kubelet_dir=kubelet_dir,
+        cdi_kind=cdi_kind,
+        cdi_spec=spec_path,
+        device_class=device_class,
+    )
+    try:
+        asyncio.run(plugin.serve(config, cluster=api))
+    except plugin.PluginError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        pass
