@@ -9,9 +9,9 @@ Start-up, in order:
    directory: the plugin does), then the Registration service on
    ``<kubelet>/plugins_registry/<driver>-reg.sock``, which kubelet's plugin watcher picks up.
 
-Each socket is bound and listening under a hidden name first (kubelet's watcher skips names that
-start with '.') and renamed into place, so kubelet never dials a socket that is not accepting
-yet; a stale socket from a previous run is replaced. On SIGTERM/SIGINT both sockets are removed
+Each socket is bound and listening under a hidden name in the plugin's directory first and renamed
+into place, so kubelet never sees a socket that is not accepting yet; a stale socket from a
+previous run is replaced. On SIGTERM/SIGINT both sockets are removed
 (kubelet then unregisters the plugin); the ResourceSlice and the checkpoint stay, so a restarted
 plugin continues where it stopped.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -72,16 +73,27 @@ class Config:
         return self.kubelet_dir / "plugins_registry" / f"{self.driver}-reg.sock"
 
 
-def _listen(path: Path) -> socket.socket:
-    """A listening unix socket at ``path``, put there by rename so it is never seen half-ready."""
+def _listen(path: Path, staging: Path) -> socket.socket:
+    """A listening unix socket at ``path``, bound under a hidden name in ``staging`` and renamed.
+
+    kubelet's plugin watcher reacts to every file created in ``plugins_registry/`` (and complains
+    about one gone before it looked), so the socket is made elsewhere and appears there ready.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    hidden = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.mkdir(parents=True, exist_ok=True)
+    hidden = staging / f".{path.name}.{os.getpid()}"
     hidden.unlink(missing_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(str(hidden))
         sock.listen(64)
-        os.replace(hidden, path)
+        try:
+            os.replace(hidden, path)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            sock.close()  # another file system: bind in place (hidden names are skipped there too)
+            return _listen(path, path.parent)
     except OSError:
         sock.close()
         hidden.unlink(missing_ok=True)
@@ -176,7 +188,7 @@ async def start(config: Config, *, cluster: Cluster | None = None) -> Running:
         (config.registration_socket, [registration_service(config.driver, str(config.dra_socket), on_status)]),
     ):
         try:
-            sock = _listen(path)
+            sock = _listen(path, config.plugin_dir)
         except OSError as exc:
             await Running(config, info, claims, servers, registered).close()
             raise PluginError(f"cannot serve on {path}: {exc.strerror or exc}") from None
