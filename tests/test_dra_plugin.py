@@ -74,6 +74,15 @@ def test_gpus_are_what_nvml_says(staged: Staged, info: gpus.GpuInfo) -> None:
     assert [g.pcie_bus_id for g in info.gpus] == [gpus.bus_id(d.bus_id) for d in devices]
 
 
+def test_the_node_view_ignores_a_containers_filter(staged: Staged, tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "1")
+    monkeypatch.delenv("MOKKA_IGNORE_DEVICE_NODES", raising=False)
+    info = gpus.read(staged.libdir / "libnvidia-ml.so.1", tree)
+    assert len(info.gpus) == 4
+    assert os.environ["NVIDIA_VISIBLE_DEVICES"] == "1"  # the process environment is left as it was
+    assert "MOKKA_IGNORE_DEVICE_NODES" not in os.environ
+
+
 def test_pcie_root_follows_the_sysfs_link(info: gpus.GpuInfo, tree: Path) -> None:
     for g in info.gpus:
         target = os.readlink(tree / "bus" / "pci" / "devices" / g.pcie_bus_id)

@@ -12,10 +12,12 @@ same library. The PCIe root comes from sysfs as ``k8s.io/dynamic-resource-alloca
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,23 +142,38 @@ def _load(library: Path) -> None:
     """Make ``library`` the NVML that nvidia-ml-py uses.
 
     nvidia-ml-py opens ``libnvidia-ml.so.1`` by its soname; loading the node's library by path
-    first makes the dynamic loader hand back that one. A GPU list filtered by the process's own
-    environment or device nodes (as inside a container) is not the node's list, so those filters
-    are switched off first.
+    first makes the dynamic loader hand back that one.
     """
-    os.environ.pop("NVIDIA_VISIBLE_DEVICES", None)
-    os.environ["MOKKA_IGNORE_DEVICE_NODES"] = "1"
     try:
         ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:
         raise NvmlError(f"cannot load {library}: {exc}") from None
 
 
+@contextlib.contextmanager
+def _node_view() -> Iterator[None]:
+    """The node's GPU list, not a container's: no NVIDIA_VISIBLE_DEVICES or device-node filter.
+
+    The mock library reads both when NVML is initialised; the process environment is restored after.
+    """
+    saved = {k: os.environ.get(k) for k in ("NVIDIA_VISIBLE_DEVICES", "MOKKA_IGNORE_DEVICE_NODES")}
+    os.environ.pop("NVIDIA_VISIBLE_DEVICES", None)
+    os.environ["MOKKA_IGNORE_DEVICE_NODES"] = "1"
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def read(library: Path, sysfs: Path = Path("/sys")) -> GpuInfo:
     """Every GPU NVML reports through ``library``, with the system's driver and CUDA versions."""
     import pynvml
 
-    with _lock:
+    with _lock, _node_view():
         _load(library)
         try:
             pynvml.nvmlInit()
