@@ -35,8 +35,9 @@ KIND = "nvidia.com/gpu"
 
 @pytest.fixture(scope="module", autouse=True)
 def bindings() -> None:
-    """The kubelet API bindings, compiled from k8s.io/kubelet's protos (a no-op when current)."""
-    kubelet_api.generate()
+    """The kubelet API bindings, compiled from k8s.io/kubelet's protos by the setup, never by a test."""
+    if not kubelet_api.current():
+        pytest.fail(f"{kubelet_api.OUT} is missing or stale: run `.ci/setup` (or `python -m testbed.kubelet_api`)")
 
 
 @pytest.fixture(scope="module")

@@ -66,21 +66,18 @@ def plugin_argv(cluster: Any) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A cluster of its own (``--allocator dra``, the mixed profile), torn down leaving nothing."""
     if os.geteuid() != 0:
         pytest.skip("a local cluster needs root")
-    kube = pytest.importorskip("testbed.kube.cluster", reason="the local cluster (testbed.kube) is not here yet")
+    pytest.importorskip("testbed.kube.cluster", reason="the local cluster (testbed.kube) is not here yet")
+    from cluster_fixtures import start_cluster
+
     prof = mixed_profile(tmp_path_factory.mktemp("profile") / "h100-mixed.yaml")
-    base = Path(f"/run/mokka-dra-{os.getpid()}")
-    c = kube.Cluster.up(kube.Options(base=base, profile=str(prof), allocator="dra"))
-    try:
-        if c.proc(PLUGIN) is None:
+    with start_cluster(tmp_path_factory.mktemp("kube-dra"), profile=str(prof), allocator="dra") as c:
+        if c.proc(PLUGIN) is None:  # a cluster that does not run the DRA driver itself
             c.spawn(PLUGIN, plugin_argv(c))
         wait("the plugin registered with kubelet", lambda: "kubelet registered the plugin" in plugin_log(c))
         yield c
-    finally:
-        problems = c.down()
-        assert problems == []
-        assert kube.leftovers(base) == []
 
 
 def plugin_log(cluster: Any) -> str:
