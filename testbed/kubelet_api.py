@@ -27,7 +27,7 @@ from pathlib import Path
 
 from testbed import debcache, gotool
 
-__all__ = ["MODULES", "OUT", "PROTOS", "current", "download", "generate"]
+__all__ = ["MODULES", "OUT", "PROTOS", "current", "download", "generate", "module_dir"]
 
 # The cluster runs Kubernetes v1.34.4; its staging modules (k8s.io/kubelet) are published as v0.34.4.
 KUBELET_MODULE = ("k8s.io/kubelet", "v0.34.4")
@@ -60,6 +60,15 @@ def current(out: Path = OUT) -> bool:
         return (out / STAMP).read_text() == _stamp()
     except OSError:
         return False
+
+
+def module_dir(module: str, version: str, cache: Path | None = None) -> Path | None:
+    """Where ``go mod download`` unpacked ``module@version`` in the cache, when it did (no Go run)."""
+    cache = cache or debcache.default_cache()
+    # The module cache escapes upper-case letters as '!' + lower case.
+    escaped = "".join(f"!{c.lower()}" if c.isupper() else c for c in module)
+    path = cache / "gopath" / "pkg" / "mod" / f"{escaped}@{version}"
+    return path if path.is_dir() else None
 
 
 def download(module: str, version: str, cache: Path | None = None) -> Path:

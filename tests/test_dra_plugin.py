@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -345,6 +346,26 @@ def test_a_broken_checkpoint_is_an_error_not_a_reset(tmp_path: Path) -> None:
     path.write_text(json.dumps({"version": 1, "driver": "other.example.com", "claims": {}}))
     with pytest.raises(ClaimError, match=r"of driver 'other\.example\.com'"):
         Checkpoint.load(path, DRIVER)
+
+
+# ---- the kubelet's own definitions ------------------------------------------------------------
+
+
+def test_registration_names_are_the_kubelets() -> None:
+    """PluginInfo's type and the services listed as versions are k8s.io/kubelet's own constants."""
+    from k8snode.dra import api, service
+
+    kubelet = kubelet_api.module_dir(*kubelet_api.KUBELET_MODULE)
+    assert kubelet is not None, "k8s.io/kubelet is not in the module cache: run .ci/setup"
+    constants = (kubelet / "pkg/apis/pluginregistration/v1/constants.go").read_text()
+    assert f'DRAPlugin = "{service.PLUGIN_TYPE}"' in constants
+    for version, module in api.DRA_SERVICES:
+        package = version.split(".")[0]
+        types = (kubelet / f"pkg/apis/dra/{package}/types.go").read_text()
+        assert re.search(rf'DRAPluginService = "{re.escape(version)}"', types), package
+        assert f"k8s.io.kubelet.pkg.apis.dra.{package}.DRAPlugin/NodePrepareResources" in "".join(
+            module.DraPluginBase().__mapping__()
+        )
 
 
 # ---- gRPC: a real grpclib client over unix sockets ---------------------------------------------
