@@ -579,6 +579,19 @@ def test_bad_input_is_one_line_and_changes_nothing(
     assert not cdi_dir.exists()
 
 
+def test_missing_bindings_are_one_line(node_root: Path) -> None:
+    code = (
+        "import sys; sys.modules['k8snode.dra._pb'] = None  # as if never generated\n"
+        "from mokka.cli import main; main(['dra-plugin', '--root', sys.argv[1]])"
+    )
+    res = subprocess.run([sys.executable, "-c", code, str(node_root)], capture_output=True, text=True, cwd=REPO)
+    assert res.returncode != 0
+    assert res.stderr.strip().splitlines() == [
+        "mokka: error: the kubelet API bindings (k8snode/dra/_pb) are missing (import of k8snode.dra._pb halted; "
+        "None in sys.modules): run `python -m testbed.kubelet_api` (or .ci/setup)"
+    ]
+
+
 def test_the_plugin_process_loads_no_tooling() -> None:
     code = "import mokka.cli, k8snode.dra.plugin, k8snode.dra.service, k8snode.dra.cluster, kubernetes.client, pynvml"
     res = subprocess.run(

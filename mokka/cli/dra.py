@@ -94,7 +94,7 @@ def dra_plugin(
     from gpumodel import nodelayout
 
     try:
-        from k8snode.dra import cluster, plugin
+        from k8snode.dra import api, cluster, plugin  # noqa: F401 - api fails here without the bindings
     except ImportError as exc:  # the generated kubelet API bindings are missing
         fail(str(exc))
     logging.basicConfig(
@@ -122,7 +122,7 @@ def dra_plugin(
             "or drop --no-write-cdi-spec"
         )
     try:
-        api = cluster.Cluster(cluster.load_client(str(kubeconfig) if kubeconfig else None), node, driver_name)
+        kube = cluster.Cluster(cluster.load_client(str(kubeconfig) if kubeconfig else None), node, driver_name)
     except cluster.ClusterError as exc:
         fail(str(exc))
     if write_cdi_spec:
@@ -140,7 +140,7 @@ def dra_plugin(
         device_class=device_class,
     )
     try:
-        asyncio.run(plugin.serve(config, cluster=api))
+        asyncio.run(plugin.serve(config, cluster=kube))
     except plugin.PluginError as exc:
         fail(str(exc))
     except KeyboardInterrupt:
