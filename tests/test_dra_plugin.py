@@ -85,6 +85,18 @@ def test_the_node_view_ignores_a_containers_filter(staged: Staged, tree: Path, m
     assert "MOKKA_IGNORE_DEVICE_NODES" not in os.environ
 
 
+def test_a_lost_gpu_is_left_out(tmp_path: Path) -> None:
+    from gpumodel import driver_root, profile
+
+    prof = profile.load("h100").with_count(3)
+    data = prof.model_dump(mode="json")
+    data["gpus"] = {1: {"lost": True}}
+    staged = driver_root.stage(profile.Profile.model_validate(data), tmp_path)
+    info = gpus.read(staged.libdir / "libnvidia-ml.so.1", tmp_path)
+    assert [g.device_name for g in info.gpus] == ["gpu-0", "gpu-2"]
+    assert info.lost == (1,)
+
+
 def test_pcie_root_follows_the_sysfs_link(info: gpus.GpuInfo, tree: Path) -> None:
     for g in info.gpus:
         target = os.readlink(tree / "bus" / "pci" / "devices" / g.pcie_bus_id)

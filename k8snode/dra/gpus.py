@@ -96,6 +96,7 @@ class GpuInfo:
     driver_version: str  # "550.163.01", as NVML says it
     cuda_driver_version: str  # "12.4"
     gpus: tuple[Gpu, ...]
+    lost: tuple[int, ...] = ()  # indices of GPUs NVML reports lost: not published
 
     def by_device_name(self) -> dict[str, Gpu]:
         return {g.device_name: g for g in self.gpus}
@@ -138,16 +139,21 @@ def _text(value: bytes | str) -> str:
 _lock = threading.Lock()
 
 
-def _load(library: Path) -> None:
-    """Make ``library`` the NVML that nvidia-ml-py uses.
+def _load(nvml: Any, library: Path) -> None:
+    """Make ``library`` the NVML that nvidia-ml-py calls.
 
-    nvidia-ml-py opens ``libnvidia-ml.so.1`` by its soname; loading the node's library by path
-    first makes the dynamic loader hand back that one.
+    nvidia-ml-py opens ``libnvidia-ml.so.1`` through the loader's search path, once per process,
+    and caches its function pointers; the node's library is named by path instead, and a
+    different library than last time replaces the old one and its cached pointers.
     """
     try:
-        ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+        handle = ctypes.CDLL(str(library))  # local: two libraries loaded never bind to each other
     except OSError as exc:
         raise NvmlError(f"cannot load {library}: {exc}") from None
+    current = getattr(nvml, "nvmlLib", None)
+    if current is None or current._handle != handle._handle:
+        nvml.nvmlLib = handle
+        getattr(nvml, "_nvmlGetFunctionPointer_cache", {}).clear()
 
 
 @contextlib.contextmanager
@@ -170,11 +176,14 @@ def _node_view() -> Iterator[None]:
 
 
 def read(library: Path, sysfs: Path = Path("/sys")) -> GpuInfo:
-    """Every GPU NVML reports through ``library``, with the system's driver and CUDA versions."""
+    """Every GPU NVML reports through ``library``, with the system's driver and CUDA versions.
+
+    A GPU NVML calls lost (``NVML_ERROR_GPU_IS_LOST``) is left out and listed in ``lost``.
+    """
     import pynvml
 
     with _lock, _node_view():
-        _load(library)
+        _load(pynvml, library)
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
@@ -182,12 +191,25 @@ def read(library: Path, sysfs: Path = Path("/sys")) -> GpuInfo:
         try:
             driver = _text(pynvml.nvmlSystemGetDriverVersion())
             cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())
-            gpus = tuple(_gpu(pynvml, i, sysfs) for i in range(int(pynvml.nvmlDeviceGetCount())))
+            found: list[Gpu] = []
+            lost: list[int] = []
+            for index in range(int(pynvml.nvmlDeviceGetCount())):
+                try:
+                    found.append(_gpu(pynvml, index, sysfs))
+                except pynvml.NVMLError as exc:
+                    if exc.value != pynvml.NVML_ERROR_GPU_IS_LOST:
+                        raise
+                    lost.append(index)  # fell off the bus: nothing to allocate
         except pynvml.NVMLError as exc:
             raise NvmlError(f"NVML through {library}: {exc}") from None
         finally:
             pynvml.nvmlShutdown()
-    return GpuInfo(driver_version=driver, cuda_driver_version=f"{cuda // 1000}.{(cuda % 1000) // 10}", gpus=gpus)
+    return GpuInfo(
+        driver_version=driver,
+        cuda_driver_version=f"{cuda // 1000}.{(cuda % 1000) // 10}",
+        gpus=tuple(found),
+        lost=tuple(lost),
+    )
 
 
 def _gpu(nvml: Any, index: int, sysfs: Path) -> Gpu:

@@ -147,6 +147,8 @@ async def start(config: Config, *, cluster: Cluster | None = None) -> Running:
     from .service import dra_services, registration_service
 
     info = await asyncio.to_thread(_gpus, config)
+    for index in info.lost:
+        log.warning("GPU %d is lost (NVML: GPU is lost): not published", index)
     if cluster is None:
         try:
             cluster = Cluster(await asyncio.to_thread(load_client, config.kubeconfig), config.node, config.driver)
