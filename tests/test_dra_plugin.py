@@ -141,7 +141,7 @@ def test_memory_as_a_binary_quantity(n: int, text: str) -> None:
     assert resources.quantity(n) == text
 
 
-def test_slice_has_nvidias_names_and_types(info: gpus.GpuInfo) -> None:
+def test_slice_has_nvidias_names_and_types(staged: Staged, info: gpus.GpuInfo) -> None:
     obj = resources.resource_slice(info, NODE, owner_uid="1234")
     spec = obj["spec"]
     assert (spec["driver"], spec["nodeName"], spec["pool"]) == (
@@ -178,9 +178,10 @@ def test_slice_has_nvidias_names_and_types(info: gpus.GpuInfo) -> None:
     assert attrs["type"] == {"string": "gpu"}
     assert attrs["index"] == attrs["minor"] == {"int": 2}
     assert attrs["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
-    assert attrs["driverVersion"] == {"version": "550.163.1"}
+    driver = staged.profile.driver  # e.g. 580.105.08 / 13.0: published as 580.105.8 / 13.0.0
+    assert attrs["driverVersion"] == {"version": ".".join(str(int(p)) for p in driver.version.split("."))}
     assert attrs["cudaComputeCapability"] == {"version": "9.0.0"}
-    assert attrs["cudaDriverVersion"] == {"version": "12.4.0"}
+    assert attrs["cudaDriverVersion"] == {"version": f"{driver.cuda}.0"}
     assert dev["capacity"] == {"memory": {"value": "81559Mi"}}
 
 
