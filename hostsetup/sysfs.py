@@ -9,6 +9,7 @@
     root/sys/module/nvidia{,_uvm,_modeset,_drm}/           version, initstate, taint, refcnt
     root/proc/driver/nvidia/           version, params, registry, capabilities/, gpus/<bus id>/information
     root/proc/modules                  the four nvidia modules as /proc/modules lines
+    root/sys/class/dmi/id/             the machine's DMI names (GFD's ``nvidia.com/gpu.machine``)
 
 Every GPU sits directly on its own root bus (``pci0000:53/0000:53:00.0``), as the real
 capture's pass-through GPU does: hwloc (inside nvidia-smi) and lspci need no bridge to
@@ -355,6 +356,11 @@ def information(device: Device, profile: Profile) -> str:
     return "\n".join(lines) + "\n"
 
 
+def machine_name(profile: Profile) -> str:
+    """DMI ``product_name``: says what the node is, a Mokka node with the profile's GPUs."""
+    return f"Mokka {profile.gpu_count}x {profile.devices()[0].spec.name}"
+
+
 def proc_modules() -> str:
     """/proc/modules lines of the four nvidia modules (the same for every profile)."""
     out = []
@@ -441,6 +447,12 @@ def files(profile: Profile) -> dict[Path, bytes | Link]:
         text(mod / "initstate", "live\n")
         text(mod / "taint", "O\n")
         text(mod / "refcnt", f"{users}\n")
+
+    dmi = Path("sys/class/dmi/id")
+    text(dmi / "sys_vendor", "Mokka\n")
+    text(dmi / "product_name", machine_name(profile) + "\n")
+    text(dmi / "board_vendor", "Mokka\n")
+    text(dmi / "board_name", machine_name(profile) + "\n")
 
     nvlink = any(d.spec.nvlink.links > 0 for d in devices)
     proc = Path("proc/driver/nvidia")

@@ -1,0 +1,111 @@
+"""The cluster's binaries: Kubernetes and NVIDIA's device plugin + GFD built from the Go module proxy,
+etcd from Debian trixie; each built or fetched once into the cache, versions from :mod:`versions`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed import debcache
+
+from . import gobuild, versions
+
+_K8S_MINOR = versions.KUBERNETES.removeprefix("v").split(".")[1]
+_K8S_VERSION_VARS = [
+    f"-X {pkg}.{var}={value}"
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+    for var, value in (
+        ("gitVersion", versions.KUBERNETES),
+        ("gitMajor", "1"),
+        ("gitMinor", _K8S_MINOR),
+        ("gitTreeState", "clean"),
+    )
+]
+
+KUBERNETES = gobuild.GoBuild(
+    name="kubernetes",
+    module="k8s.io/kubernetes",
+    version=versions.KUBERNETES,
+    commands=tuple(
+        f"k8s.io/kubernetes/cmd/{c}"
+        for c in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
+    ),
+    ldflags=tuple(_K8S_VERSION_VARS),
+    staging_version=versions.KUBERNETES_STAGING,
+)
+
+DEVICE_PLUGIN = gobuild.GoBuild(
+    name="k8s-device-plugin",
+    module="github.com/NVIDIA/k8s-device-plugin",
+    version=versions.DEVICE_PLUGIN,
+    commands=(
+        "github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin",
+        "github.com/NVIDIA/k8s-device-plugin/cmd/gpu-feature-discovery",
+        # The CDI hook the device plugin's CDI specs name, and nvidia-ctk, at the toolkit version the
+        # device plugin itself requires.
+        "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook",
+        "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk",
+    ),
+    ldflags=(f"-X github.com/NVIDIA/k8s-device-plugin/internal/info.version={versions.DEVICE_PLUGIN}",),
+    cgo=True,  # go-nvml dlopens libnvidia-ml through cgo
+)
+
+GO_BUILDS = (KUBERNETES, DEVICE_PLUGIN)
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Paths of every program the cluster runs."""
+
+    kubernetes: Path  # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl
+    device_plugin: Path  # nvidia-device-plugin, gpu-feature-discovery, nvidia-cdi-hook, nvidia-ctk
+    etcd: Path
+
+    def __getitem__(self, name: str) -> Path:
+        for d in (self.kubernetes, self.device_plugin):
+            if (d / name).is_file():
+                return d / name
+        if name == "etcd":
+            return self.etcd
+        raise KeyError(name)
+
+
+def etcd(cache: Path | None = None) -> Path:
+    """Debian trixie's etcd server binary, fetched and unpacked once."""
+    cache = cache or debcache.default_cache()
+    deb = debcache.fetch(versions.ETCD_SUITE, [versions.ETCD_PACKAGE], cache)[versions.ETCD_PACKAGE]
+    dest = cache / "extract" / deb.stem
+    binary = dest / "usr" / "bin" / "etcd"
+    if not binary.exists():
+        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        debcache.extract(deb, tmp)
+        if not (tmp / "usr" / "bin" / "etcd").exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise debcache.FetchError(f"{deb.name} has no usr/bin/etcd")
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    return binary
+
+
+def cached(cache: Path | None = None) -> Binaries | None:
+    """Every binary, when all are in the cache already (no network, no build)."""
+    dirs = [gobuild.cached(spec, cache) for spec in GO_BUILDS]
+    cache = cache or debcache.default_cache()
+    etcds = sorted((cache / "extract").glob(f"{versions.ETCD_PACKAGE}_*/usr/bin/etcd"))
+    if None in dirs or not etcds:
+        return None
+    k8s, dp = dirs
+    assert k8s is not None and dp is not None
+    return Binaries(k8s, dp, etcds[-1])
+
+
+def ensure(cache: Path | None = None, progress: gobuild.Progress = gobuild.stderr_progress) -> Binaries:
+    """Build or fetch what is missing; one progress line per step."""
+    return Binaries(
+        kubernetes=gobuild.build(KUBERNETES, cache, progress),
+        device_plugin=gobuild.build(DEVICE_PLUGIN, cache, progress),
+        etcd=etcd(cache),
+    )

@@ -1,0 +1,81 @@
+"""The kubelet's cgroup root (``cgroupRoot``): made in every hierarchy before kubelet starts
+(cpuset's cpus and mems copied from the parent, as a v1 cpuset needs), removed at teardown
+after every task in it is killed."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def hierarchies() -> list[Path]:
+    """Mount points of every cgroup hierarchy (v1 controllers, named ones, cgroup2)."""
+    found: list[Path] = []
+    with open("/proc/self/mounts") as fh:
+        for line in fh:
+            fields = line.split()
+            if fields[2] in ("cgroup", "cgroup2"):
+                found.append(Path(fields[1]))
+    return found
+
+
+def create(name: str) -> list[Path]:
+    """``/<name>`` in every hierarchy; returns the directories made."""
+    made: list[Path] = []
+    for root in hierarchies():
+        d = root / name.strip("/")
+        if d.is_dir():
+            continue
+        d.mkdir()
+        made.append(d)
+        for key in ("cpuset.cpus", "cpuset.mems"):
+            if (d / key).exists():
+                (d / key).write_text((root / key).read_text())
+    return made
+
+
+def existing(name: str) -> list[Path]:
+    """Every directory of cgroup ``name`` in every hierarchy, children first."""
+    found: list[Path] = []
+    for root in hierarchies():
+        top = root / name.strip("/")
+        if top.is_dir():
+            found += [Path(d) for d, _subdirs, _files in os.walk(top, topdown=False)]
+    return found
+
+
+def tasks(name: str) -> set[int]:
+    pids: set[int] = set()
+    for d in existing(name):
+        for procs in ("cgroup.procs", "tasks"):
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(p) for p in (d / procs).read_text().split())
+    return pids
+
+
+def remove(name: str, timeout: float = 15.0) -> list[str]:
+    """Kill every task under ``name`` and remove its directories; returns the problems left."""
+    deadline = time.monotonic() + timeout
+    while (pids := tasks(name)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    problems = [f"process {pid} survived SIGKILL in cgroup {name}" for pid in tasks(name)]
+    for d in existing(name):
+        while True:
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                    problems.append(f"cannot remove cgroup {d}: {exc.strerror}")
+                    break
+                time.sleep(0.05)
+    return problems

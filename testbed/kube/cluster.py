@@ -1,0 +1,559 @@
+"""A real single-node Kubernetes with mock GPUs, on this machine, without Docker.
+
+``Cluster.up(Options(base=DIR))`` stages the mock node under ``DIR/node``, generates a CA and
+certificates, starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler, a private
+containerd 2.1 (CRI, CDI and NRI on) and kubelet — all on loopback, on free ports, inside one
+private mount namespace (:mod:`.namespace`) — then the NRI plugin, NVIDIA's device plugin (or a
+DRA driver) and GPU Feature Discovery, and waits until the node is Ready with its GPUs
+allocatable. ``Cluster.load(DIR).down()`` stops everything and leaves no process, mount, cgroup,
+network interface or file outside DIR and the cache; DIR itself is removed.
+
+For tests and later plugins: :meth:`Cluster.api` (a ``kubernetes`` client), :meth:`Cluster.kubectl`,
+:meth:`Cluster.run` (a command inside the cluster's mount namespace, e.g. a client of a kubelet
+socket) and :meth:`Cluster.spawn` (a long-running host process in that namespace, stopped by
+``down``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpumodel import profile as profiles
+from testbed import containerd_dist, debcache, nvidia_smi
+
+from . import binaries, cgroups, config, gpustack, images, namespace, process, versions
+from .config import Layout, Ports
+from .pki import Pki
+
+Progress = Callable[[str], None]
+DEFAULT_BASE = Path("/run/mokka-cluster")
+CNI_SUITE = "bookworm"
+CNI_PACKAGE = "containernetworking-plugins"
+READY_TIMEOUT = 120.0
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be brought up, reached or torn down; the message says what."""
+
+
+@dataclass(frozen=True)
+class Options:
+    base: Path = DEFAULT_BASE
+    profile: str = "h100"
+    gpus: int | None = None
+    allocator: str = "device-plugin"  # device-plugin | dra | none
+    device_list_strategy: str = "envvar"  # the device plugin's: envvar | cdi-cri | cdi-annotations
+    cache: Path | None = None
+    keep_on_failure: bool = False  # leave a failed cluster running for inspection (then `down`)
+
+
+@dataclass
+class State:
+    """What ``down``/``status`` of another process need: written to ``DIR/cluster.json``."""
+
+    options: dict[str, Any]
+    ports: dict[str, int]
+    namespace_inode: int = 0
+    procs: list[dict[str, Any]] = field(default_factory=list)
+    cgroup_root: str = ""
+    bridge: str = ""
+    gpus: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    nri_external: bool = False
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+class Cluster:
+    def __init__(self, layout: Layout, state: State) -> None:
+        self.layout = layout
+        self.state = state
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(cls, base: Path) -> Cluster:
+        layout = Layout(base.absolute())
+        try:
+            data = json.loads(layout.state_file.read_text())
+            state = State(**data)
+        except FileNotFoundError:
+            raise ClusterError(f"no cluster under {layout.base} ({layout.state_file} missing)") from None
+        except (ValueError, TypeError) as exc:
+            raise ClusterError(f"{layout.state_file}: not a cluster state file ({exc})") from None
+        return cls(layout, state)
+
+    def save(self) -> None:
+        tmp = self.layout.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self.state), indent=1))
+        tmp.replace(self.layout.state_file)
+
+    # ------------------------------------------------------------------ facts
+
+    @property
+    def ports(self) -> Ports:
+        return Ports(**self.state.ports)
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.layout.admin_kubeconfig
+
+    @property
+    def node_name(self) -> str:
+        return "localhost"
+
+    @property
+    def procs(self) -> list[process.Proc]:
+        return [process.Proc(**p) for p in self.state.procs]
+
+    def proc(self, name: str) -> process.Proc | None:
+        return next((p for p in self.procs if p.name == name), None)
+
+    @property
+    def holder(self) -> int | None:
+        p = self.proc("namespace")
+        return p.pid if p and p.alive() else None
+
+    # ------------------------------------------------------------------ for tests and plugins
+
+    def api(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` with the admin's credentials."""
+        from kubernetes import config as kconfig  # type: ignore[import-untyped, unused-ignore]
+
+        return kconfig.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        kubectl = binaries.cached(self._cache)
+        if kubectl is None:
+            raise ClusterError("kubectl is not in the cache")
+        argv = [str(kubectl["kubectl"]), f"--kubeconfig={self.kubeconfig}", *args]
+        res = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and res.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args)}: {res.stderr.strip() or res.stdout.strip()}")
+        return res
+
+    def run(self, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` inside the cluster's mount namespace (where kubelet's sockets are)."""
+        if self.holder is None:
+            raise ClusterError("the cluster's namespace is gone (is the cluster down?)")
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        return subprocess.run(process.in_namespace(self.holder, argv), check=False, **kw)
+
+    def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> process.Proc:
+        """Start a long-running process in the namespace; ``down`` stops it (before kubelet)."""
+        if self.proc(name) is not None and self.proc(name).alive():  # type: ignore[union-attr]
+            raise ClusterError(f"a process named {name!r} runs already")
+        proc = process.spawn(name, argv, self.layout.logs / f"{name}.log", holder=self.holder, env=env)
+        self.state.procs = [p for p in self.state.procs if p["name"] != name] + [asdict(proc)]
+        self.save()
+        return proc
+
+    def stop_process(self, name: str) -> None:
+        p = self.proc(name)
+        if p is not None:
+            p.stop()
+            self.state.procs = [q for q in self.state.procs if q["name"] != name]
+            self.save()
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        bindir = containerd_dist.fetch(config_version(), self._cache)
+        argv = [str(bindir / "ctr"), "-a", str(self.layout.containerd_socket), "-n", "k8s.io", *args]
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        if check and res.returncode != 0:
+            raise ClusterError(f"ctr {' '.join(args)}: {res.stderr.strip()}")
+        return res
+
+    def import_image(self, tarball: Path) -> None:
+        self.ctr("images", "import", str(tarball.absolute()))
+
+    @property
+    def _cache(self) -> Path | None:
+        cache = self.state.options.get("cache")
+        return Path(cache) if cache else None
+
+    # ------------------------------------------------------------------ status
+
+    def node(self) -> dict[str, Any] | None:
+        """The Node object as the API server has it (None while it is unreachable or absent)."""
+        try:
+            return self._get(f"/api/v1/nodes/{self.node_name}")
+        except ClusterError:
+            return None
+
+    def node_ready(self) -> bool:
+        node = self.node()
+        conditions = (node or {}).get("status", {}).get("conditions", [])
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    def allocatable_gpus(self) -> int:
+        node = self.node() or {}
+        return int(node.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu", "0"))
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "dir": str(self.layout.base),
+            "server": self.server,
+            "kubeconfig": str(self.kubeconfig),
+            "processes": {p.name: ("running" if p.alive() else "exited") for p in self.procs},
+            "node_ready": self.node_ready(),
+            "allocatable_gpus": self.allocatable_gpus(),
+            "allocator": self.state.options.get("allocator"),
+        }
+
+    def _ssl(self) -> ssl.SSLContext:
+        pki = Pki(self.layout.pki)
+        ctx = ssl.create_default_context(cafile=str(pki.ca))
+        ctx.load_cert_chain(str(pki.path("admin.crt")), str(pki.path("admin.key")))
+        return ctx
+
+    def _get(self, path: str, timeout: float = 5) -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(self.server + path, context=self._ssl(), timeout=timeout) as res:
+                data: dict[str, Any] = json.loads(res.read())
+                return data
+        except (OSError, ValueError) as exc:
+            raise ClusterError(f"GET {path}: {exc}") from None
+
+    def _request(self, method: str, path: str, body: Any, content_type: str) -> dict[str, Any]:
+        req = urllib.request.Request(
+            self.server + path, data=json.dumps(body).encode(), method=method, headers={"Content-Type": content_type}
+        )
+        try:
+            with urllib.request.urlopen(req, context=self._ssl(), timeout=10) as res:
+                data: dict[str, Any] = json.loads(res.read())
+                return data
+        except (OSError, ValueError) as exc:
+            raise ClusterError(f"{method} {path}: {exc}") from None
+
+    def label_node(self, labels: Mapping[str, str]) -> None:
+        self._request(
+            "PATCH",
+            f"/api/v1/nodes/{self.node_name}",
+            {"metadata": {"labels": dict(labels)}},
+            "application/merge-patch+json",
+        )
+
+    def wait(self, what: str, check: Callable[[], bool], timeout: float = READY_TIMEOUT) -> float:
+        t0 = time.monotonic()
+        while not check():
+            dead = [p.name for p in self.procs if not p.alive() and p.name != "gfd"]
+            if dead:
+                raise ClusterError(f"waiting for {what}: {', '.join(dead)} exited; logs in {self.layout.logs}")
+            if time.monotonic() - t0 > timeout:
+                raise ClusterError(f"{what}: not within {timeout:g}s; logs in {self.layout.logs}")
+            time.sleep(0.1)
+        return time.monotonic() - t0
+
+    # ------------------------------------------------------------------ up
+
+    @classmethod
+    def up(cls, options: Options, progress: Progress = _quiet) -> Cluster:
+        """Bring a cluster up under ``options.base``; on failure everything made is torn down."""
+        if os.geteuid() != 0:
+            raise ClusterError("a local cluster needs root (kubelet, containerd, device nodes, mounts)")
+        if options.allocator not in gpustack.ALLOCATORS:
+            raise ClusterError(f"--allocator {options.allocator!r}: choose one of {', '.join(gpustack.ALLOCATORS)}")
+        if options.device_list_strategy not in gpustack.DEVICE_LIST_STRATEGIES:
+            raise ClusterError(
+                f"--device-list-strategy {options.device_list_strategy!r}: "
+                f"choose one of {', '.join(gpustack.DEVICE_LIST_STRATEGIES)}"
+            )
+        layout = Layout(options.base.absolute())
+        if layout.base.exists() and any(layout.base.iterdir()):
+            raise ClusterError(
+                f"{layout.base} is in use (a cluster runs there?): mokka cluster down --dir {layout.base}"
+            )
+        try:
+            prof = profiles.load(options.profile).with_count(options.gpus)
+        except (profiles.ProfileError, ValueError) as exc:
+            raise ClusterError(f"profile {options.profile}: {exc}") from None
+        if len(str(layout.containerd_socket)) + len(".ttrpc") > 100:
+            raise ClusterError(f"{layout.base}: path too long for containerd's sockets; choose a shorter --dir")
+        opts = {**asdict(options), "base": str(layout.base), "cache": str(options.cache) if options.cache else None}
+        state = State(options=opts, ports={}, cgroup_root=layout.cgroup_root, bridge=layout.bridge)
+        cluster = cls(layout, state)
+        layout.base.mkdir(parents=True, exist_ok=True)
+        try:
+            cluster._up(prof, options, progress)
+        except BaseException:
+            if options.keep_on_failure:
+                progress(f"failed; left for inspection (logs: {layout.logs}); mokka cluster down --dir {layout.base}")
+            else:
+                progress("failed; tearing down")
+                with contextlib.suppress(Exception):
+                    cluster.down()
+            raise
+        return cluster
+
+    @contextlib.contextmanager
+    def _step(self, progress: Progress, title: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        yield
+        took = time.monotonic() - t0
+        self.state.timings[title] = round(took, 2)
+        progress(f"{title} ({took:.1f}s)")
+
+    def _up(self, prof: profiles.Profile, options: Options, progress: Progress) -> None:
+        layout, cache = self.layout, options.cache
+        t_start = time.monotonic()
+        self.state.ports = asdict(Ports.choose())
+        self.state.gpus = prof.gpu_count
+        self.save()
+        with self._step(progress, "binaries: Kubernetes, device plugin, etcd, containerd, CNI"):
+            bins = binaries.ensure(cache, progress)
+            ctrd = containerd_dist.fetch(config_version(), cache)
+            runc = containerd_dist.runc(cache)
+            cni_bin = cni_plugins(cache)
+            smi = nvidia_smi.fetch("550", cache)
+        with self._step(progress, f"mock node: {prof.gpu_count}x {prof.gpu.name} staged under {layout.node_root}"):
+            gpustack.stage_node(layout, prof, smi)
+        with self._step(progress, "certificates and kubeconfigs"):
+            pki = Pki(layout.pki)
+            pki.generate()
+            for name in ("admin", "controller-manager", "scheduler", "kubelet"):
+                pki.kubeconfig(name, self.server, layout.kubeconfigs / f"{name}.conf")
+            config.write_kubelet_config(layout, self.ports)
+            config.write_containerd_config(layout, runc, cni_bin)
+            config.write_cni_config(layout)
+        with self._step(progress, "private mount namespace (kubelet's host paths, sysctls, the GPUs' sysfs)"):
+            self._start_namespace()
+        with self._step(progress, "etcd, kube-apiserver, containerd 2.1"):
+            self.spawn("etcd", config.etcd_argv(bins.etcd, layout, self.ports))
+            self.spawn("kube-apiserver", config.apiserver_argv(bins["kube-apiserver"], layout, self.ports))
+            self.spawn(
+                "containerd",
+                [str(ctrd / "containerd"), "--config", str(layout.containerd / "config.toml")],
+                env={"PATH": f"{ctrd}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
+            )
+            self.wait(
+                "containerd",
+                lambda: layout.containerd_socket.exists() and self.ctr("version", check=False).returncode == 0,
+            )
+            for tarball in images.build(layout.images, smi, cache):
+                self.import_image(tarball)
+            self.wait("kube-apiserver /readyz", self._apiserver_ready)
+        external = options.allocator != "none"
+        with self._step(progress, f"NRI plugin (allocator {'external' if external else 'nri'})"):
+            self.state.nri_external = external and nri_supports_external()
+            if external and not self.state.nri_external:
+                progress("note: this mokka nri-plugin has no --allocator external: pods without GPUs still get all")
+            self._start_nri(self.state.nri_external)
+        with self._step(progress, "controller-manager, scheduler, kubelet: node Ready"):
+            self.spawn(
+                "kube-controller-manager", config.controller_manager_argv(bins["kube-controller-manager"], layout)
+            )
+            self.spawn("kube-scheduler", config.scheduler_argv(bins["kube-scheduler"], layout))
+            cgroups.create(layout.cgroup_root)
+            self.spawn("kubelet", config.kubelet_argv(bins["kubelet"], layout))
+            self.wait("node Ready", self.node_ready)
+            self.wait("default service account", self._default_service_account)
+        self.state.timings["node Ready"] = round(time.monotonic() - t_start, 2)
+        if options.allocator == "device-plugin":
+            with self._step(
+                progress, f"NVIDIA device plugin {versions.DEVICE_PLUGIN} ({options.device_list_strategy})"
+            ):
+                argv = gpustack.device_plugin_argv(
+                    bins["nvidia-device-plugin"], layout, options.device_list_strategy, bins["nvidia-cdi-hook"]
+                )
+                self.spawn("nvidia-device-plugin", argv, env=gpustack.nvml_env(layout))
+                self.wait(
+                    f"allocatable nvidia.com/gpu = {prof.gpu_count}", lambda: self.allocatable_gpus() == prof.gpu_count
+                )
+        elif options.allocator == "dra":
+            with self._step(progress, "DRA driver"):
+                argv_dra = gpustack.dra_driver_argv(layout)
+                if argv_dra is None:
+                    progress("note: no DRA driver in this version; ResourceClaims stay unallocated")
+                else:
+                    self.spawn("dra-driver", argv_dra)
+        with self._step(progress, "GPU Feature Discovery (one-shot): node labels"):
+            self.label_node(self.run_gfd(bins["gpu-feature-discovery"]))
+        self.state.timings["up"] = round(time.monotonic() - t_start, 2)
+        self.save()
+
+    def run_gfd(self, binary: Path) -> dict[str, str]:
+        """GFD one-shot in the namespace; its labels (applied to the node by the caller, NFD's job)."""
+        self.layout.gfd.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **gpustack.nvml_env(self.layout)}
+        res = self.run(gpustack.gfd_argv(binary, self.layout), timeout=120, env=env)
+        (self.layout.logs / "gfd.log").write_text(res.stdout + res.stderr)
+        out = self.layout.gfd / "labels"
+        if res.returncode != 0 or not out.exists():
+            raise ClusterError(f"gpu-feature-discovery exited {res.returncode}: {res.stderr.strip()[-1500:]}")
+        return gpustack.parse_labels(out.read_text())
+
+    def _start_namespace(self) -> None:
+        layout = self.layout
+        binds: list[list[str]] = []
+        for host, private in config.PRIVATE_PATHS.items():
+            d = layout.ns / private
+            d.mkdir(parents=True, exist_ok=True)
+            binds.append([str(d), host])
+        sysctl_dir = layout.ns / "sysctl"
+        sysctl_dir.mkdir(parents=True, exist_ok=True)
+        for key in config.SYSCTLS:
+            f = sysctl_dir / key.replace("/", ".")
+            f.write_text(Path("/proc/sys", key).read_text())
+            binds.append([str(f), f"/proc/sys/{key}"])
+        sys_binds, links = gpustack.namespace_entries(layout)
+        spec = layout.ns / "spec.json"
+        spec.write_text(json.dumps({"binds": binds + sys_binds, "links": links}, indent=1))
+        ready = layout.ns / "ready"
+        argv = ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-m", namespace.__name__]
+        holder = process.spawn("namespace", [*argv, str(spec), str(ready)], layout.logs / "namespace.log", holder=None)
+        self.state.procs.append(asdict(holder))
+        self.save()
+        self.wait("namespace", ready.exists, timeout=30)
+        self.state.namespace_inode = os.stat(f"/proc/{holder.pid}/ns/mnt").st_ino
+        self.save()
+
+    def _start_nri(self, external: bool) -> None:
+        argv = gpustack.nri_plugin_argv(self.layout, self.ports.nri_health, external)
+        self.spawn("nri-plugin", argv)
+
+        def registered() -> bool:
+            try:
+                url = f"http://127.0.0.1:{self.ports.nri_health}/healthz"
+                with urllib.request.urlopen(url, timeout=1) as res:
+                    return int(json.loads(res.read()).get("registrations", 0)) > 0
+            except (OSError, ValueError):
+                return False
+
+        self.wait("NRI plugin registered", registered, timeout=30)
+
+    def _apiserver_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.server + "/readyz", context=self._ssl(), timeout=2) as res:
+                return bool(res.status == 200)
+        except OSError:
+            return False
+
+    def _default_service_account(self) -> bool:
+        try:
+            self._get("/api/v1/namespaces/default/serviceaccounts/default")
+            self._get("/api/v1/namespaces/default/configmaps/kube-root-ca.crt")
+            return True
+        except ClusterError:
+            return False
+
+    # ------------------------------------------------------------------ down
+
+    def down(self, progress: Progress = _quiet) -> list[str]:
+        """Stop everything, undo host setup, remove DIR; returns what could not be cleaned."""
+        problems: list[str] = []
+        layout = self.layout
+        order = [p.name for p in self.procs if p.name not in ("kubelet", "containerd", "namespace")]
+        # Plugins first (they hold kubelet's and containerd's sockets), then kubelet, the pods,
+        # containerd and its shims, the control plane, and the namespace last.
+        for name in [n for n in order if n not in CONTROL_PLANE] + ["kubelet"]:
+            if (p := self.proc(name)) is not None and p.stop():
+                problems.append(f"{name} ignored SIGTERM")
+        problems += cgroups.remove(layout.cgroup_root)
+        if (p := self.proc("containerd")) is not None and p.stop():
+            problems.append("containerd ignored SIGTERM")
+        for name in CONTROL_PLANE:
+            if (p := self.proc(name)) is not None and p.stop():
+                problems.append(f"{name} ignored SIGTERM")
+        inode = self.state.namespace_inode
+        if (p := self.proc("namespace")) is not None:
+            p.stop()
+        if inode:  # shims and anything else still in the namespace
+            for pid in process.in_mount_namespace(inode):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
+            deadline = time.monotonic() + 10
+            while process.in_mount_namespace(inode) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            problems += [f"process {pid} survived in the namespace" for pid in process.in_mount_namespace(inode)]
+        problems += cgroups.remove(layout.cgroup_root)
+        if Path(f"/sys/class/net/{layout.bridge}").exists():
+            res = subprocess.run(["ip", "link", "delete", layout.bridge], capture_output=True, text=True, check=False)
+            if res.returncode != 0:
+                problems.append(f"cannot delete bridge {layout.bridge}: {res.stderr.strip()}")
+        problems += gpustack.unstage_node(layout)
+        if not problems:
+            shutil.rmtree(layout.base, ignore_errors=True)
+            if layout.base.exists():
+                problems.append(f"cannot remove {layout.base}")
+        progress("cluster down" + (f" with problems: {'; '.join(problems)}" if problems else ""))
+        return problems
+
+
+CONTROL_PLANE = ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+
+
+def config_version() -> str:
+    return versions.CONTAINERD
+
+
+def cni_plugins(cache: Path | None = None) -> Path:
+    """Debian bookworm's CNI plugins (bridge, host-local, loopback), unpacked once into the cache."""
+    cache = cache or debcache.default_cache()
+    deb = debcache.fetch(CNI_SUITE, [CNI_PACKAGE], cache)[CNI_PACKAGE]
+    dest = cache / "extract" / deb.stem
+    bindir = dest / "usr" / "lib" / "cni"
+    if not (bindir / "bridge").exists():
+        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        debcache.extract(deb, tmp)
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    return bindir
+
+
+def nri_supports_external() -> bool:
+    """Whether this checkout's ``mokka nri-plugin`` has ``--allocator external``."""
+    res = subprocess.run(
+        [sys.executable, "-m", "mokka.cli", "nri-plugin", "--help"], capture_output=True, text=True, check=False
+    )
+    return "--allocator" in res.stdout
+
+
+def leftovers(base: Path, state: State | None = None) -> list[str]:
+    """What a cluster under ``base`` left outside its directory (and the directory itself)."""
+    layout = Layout(base.absolute())
+    found: list[str] = []
+    marker = str(layout.base)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline and not process.zombie(int(entry.name)):
+            found.append(f"process {entry.name}: {cmdline.strip()}")
+    if state is not None and state.namespace_inode:
+        found += [f"process {pid} in the namespace" for pid in process.in_mount_namespace(state.namespace_inode)]
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            point = line.split()[4]
+            if point == marker or point.startswith(marker + "/"):
+                found.append(f"mount {point}")
+    found += [f"cgroup {d}" for d in cgroups.existing(layout.cgroup_root)]
+    if Path(f"/sys/class/net/{layout.bridge}").exists():
+        found.append(f"network interface {layout.bridge}")
+    if layout.base.exists():
+        found.append(f"directory {layout.base}")
+    return found

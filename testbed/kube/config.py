@@ -1,0 +1,378 @@
+"""What each component of the cluster is told: command lines, kubelet's and containerd's
+configuration files, the CNI network. Pure functions of the cluster's :class:`Layout`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+import yaml
+
+from .pki import NODE_NAME, Pki
+
+SERVICE_RANGE = "10.96.0.0/16"
+PAUSE_IMAGE = "localhost/mokka/pause:1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Loopback ports of one cluster, chosen free at ``up`` so clusters can coexist."""
+
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    kubelet: int
+    kubelet_healthz: int
+    nri_health: int
+
+    @classmethod
+    def choose(cls) -> Ports:
+        ports: set[int] = set()
+        while len(ports) < 6:
+            ports.add(free_port())
+        return cls(*sorted(ports))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every path and name of one cluster under ``base`` (its ``--dir``)."""
+
+    base: Path
+
+    @property
+    def tag(self) -> str:
+        """A short id of this cluster (cgroup, bridge and subnet names derive from it)."""
+        return hashlib.sha256(str(self.base).encode()).hexdigest()[:8]
+
+    @property
+    def pki(self) -> Path:
+        return self.base / "pki"
+
+    @property
+    def kubeconfigs(self) -> Path:
+        return self.base / "kubeconfig"
+
+    @property
+    def logs(self) -> Path:
+        return self.base / "logs"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.base / "etcd"
+
+    @property
+    def containerd(self) -> Path:
+        return self.base / "containerd"
+
+    @property
+    def cni(self) -> Path:
+        return self.base / "cni"
+
+    @property
+    def node_root(self) -> Path:
+        """`mokka host setup --root`: the staged mock node."""
+        return self.base / "node"
+
+    @property
+    def driver_root(self) -> Path:
+        """The driver root NVIDIA's tools are pointed at (library and device nodes)."""
+        return self.base / "driver-root"
+
+    @property
+    def ns(self) -> Path:
+        """Private directories bound over host paths in the cluster's namespace."""
+        return self.base / "ns"
+
+    @property
+    def state_file(self) -> Path:
+        """What `down` and `status` read: pids, ports."""
+        return self.base / "cluster.json"
+
+    @property
+    def images(self) -> Path:
+        return self.base / "images"
+
+    @property
+    def gfd(self) -> Path:
+        return self.base / "gfd"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.kubeconfigs / "admin.conf"
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.containerd / "containerd.sock"
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"/mokka-kube-{self.tag}"
+
+    @property
+    def bridge(self) -> str:
+        return f"mokka{self.tag[:6]}"
+
+    @property
+    def pod_subnet(self) -> str:
+        return f"10.{200 + int(self.tag[:2], 16) % 50}.{int(self.tag[2:4], 16)}.0/24"
+
+
+# Host paths kubelet, containerd and the plugins use, each backed by a private directory.
+PRIVATE_PATHS = {
+    "/var/lib/kubelet": "kubelet",
+    "/var/log/pods": "pods-logs",
+    "/var/log/containers": "containers-logs",
+    "/run/containerd": "run-containerd",
+    "/var/lib/cni": "cni-state",
+    "/etc/cdi": "etc-cdi",
+    "/var/run/cdi": "run-cdi",
+    "/var/run/nri": "run-nri",
+    "/etc/kubernetes": "etc-kubernetes",
+}
+# Kubelet sets these for the whole machine (container manager's kernel tunables).
+SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+
+
+def etcd_argv(etcd: Path, layout: Layout, ports: Ports) -> list[str]:
+    client = f"http://127.0.0.1:{ports.etcd_client}"
+    peer = f"http://127.0.0.1:{ports.etcd_peer}"
+    return [
+        str(etcd),
+        "--name=mokka",
+        f"--data-dir={layout.etcd_data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=mokka={peer}",
+        "--listen-metrics-urls=",
+        # A throw-away single-node test cluster: no fsync per write keeps it fast on a busy disk.
+        "--unsafe-no-fsync",
+        "--snapshot-count=10000",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_argv(binary: Path, layout: Layout, ports: Ports) -> list[str]:
+    pki = Pki(layout.pki)
+    p = pki.path
+    return [
+        str(binary),
+        f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={ports.apiserver}",
+        # The node is reached by its name (localhost): kubelet refuses a loopback node IP.
+        "--kubelet-preferred-address-types=Hostname",
+        # No endpoints for the loopback advertise address (the apiserver rejects them).
+        "--endpoint-reconciler-type=none",
+        f"--service-cluster-ip-range={SERVICE_RANGE}",
+        f"--client-ca-file={pki.ca}",
+        f"--tls-cert-file={p('apiserver.crt')}",
+        f"--tls-private-key-file={p('apiserver.key')}",
+        f"--kubelet-client-certificate={p('apiserver-kubelet-client.crt')}",
+        f"--kubelet-client-key={p('apiserver-kubelet-client.key')}",
+        f"--service-account-key-file={p('sa.pub')}",
+        f"--service-account-signing-key-file={p('sa.key')}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        "--allow-privileged=true",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def controller_manager_argv(binary: Path, layout: Layout) -> list[str]:
+    pki = Pki(layout.pki)
+    kubeconfig = layout.kubeconfigs / "controller-manager.conf"
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        "--secure-port=0",
+        "--leader-elect=false",
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={pki.path('sa.key')}",
+        f"--root-ca-file={pki.ca}",
+        f"--cluster-signing-cert-file={pki.ca}",
+        f"--cluster-signing-key-file={pki.path('ca.key')}",
+        "--allocate-node-cidrs=false",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def scheduler_argv(binary: Path, layout: Layout) -> list[str]:
+    kubeconfig = layout.kubeconfigs / "scheduler.conf"
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        "--secure-port=0",
+        "--leader-elect=false",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def kubelet_config(layout: Layout, ports: Ports) -> dict[str, Any]:
+    pki = Pki(layout.pki)
+    endpoint = f"unix://{layout.containerd_socket}"
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": "127.0.0.1",
+        "port": ports.kubelet,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": ports.kubelet_healthz,
+        "tlsCertFile": str(pki.path("kubelet-serving.crt")),
+        "tlsPrivateKeyFile": str(pki.path("kubelet-serving.key")),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(pki.ca)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "containerRuntimeEndpoint": endpoint,
+        "imageServiceEndpoint": endpoint,
+        "cgroupDriver": "cgroupfs",  # PID 1 is not systemd
+        "cgroupRoot": layout.cgroup_root,
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        # No iptables chains on the host; the host's kernel tunables are private files (namespace).
+        "makeIPTablesUtilChains": False,
+        "protectKernelDefaults": False,
+        "clusterDomain": "cluster.local",
+        "resolvConf": "/etc/resolv.conf",
+        # The images are imported locally: never garbage-collect them; a busy disk is no pressure.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "64Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "nodeStatusUpdateFrequency": "4s",
+        "syncFrequency": "10s",
+        "fileCheckFrequency": "10s",
+        "serializeImagePulls": False,
+        "enforceNodeAllocatable": ["pods"],
+        "shutdownGracePeriod": "0s",
+    }
+
+
+def kubelet_argv(binary: Path, layout: Layout) -> list[str]:
+    return [
+        str(binary),
+        f"--config={layout.base / 'kubelet.yaml'}",
+        f"--kubeconfig={layout.kubeconfigs / 'kubelet.conf'}",
+        f"--hostname-override={NODE_NAME}",
+        "--v=1",
+    ]
+
+
+def write_kubelet_config(layout: Layout, ports: Ports) -> Path:
+    path = layout.base / "kubelet.yaml"
+    path.write_text(yaml.safe_dump(kubelet_config(layout, ports), sort_keys=False))
+    return path
+
+
+def containerd_config(layout: Layout, runc: Path, cni_bin: Path) -> dict[str, Any]:
+    """containerd 2.x (config version 3) for kubelet: CRI with CDI and NRI, everything under DIR."""
+    c = layout.containerd
+    return {
+        "version": 3,
+        "root": str(c / "root"),
+        "state": str(c / "state"),
+        "temp": str(c / "tmp"),
+        "grpc": {"address": str(layout.containerd_socket)},
+        "ttrpc": {"address": str(layout.containerd_socket) + ".ttrpc"},
+        "plugins": {
+            "io.containerd.cri.v1.images": {"snapshotter": "overlayfs", "pinned_images": {"sandbox": PAUSE_IMAGE}},
+            "io.containerd.cri.v1.runtime": {
+                "enable_cdi": True,
+                "cdi_spec_dirs": ["/etc/cdi", "/var/run/cdi"],  # private directories (namespace)
+                "netns_mounts_under_state_dir": True,
+                "disable_apparmor": True,
+                # root lacks CAP_SYS_RESOURCE here: without it every RunPodSandbox fails.
+                "restrict_oom_score_adj": True,
+                "containerd": {
+                    "default_runtime_name": "runc",
+                    "runtimes": {
+                        "runc": {
+                            "runtime_type": "io.containerd.runc.v2",
+                            "options": {"BinaryName": str(runc), "Root": str(c / "runc"), "SystemdCgroup": False},
+                        }
+                    },
+                },
+                "cni": {"bin_dirs": [str(cni_bin)], "conf_dir": str(layout.cni / "conf")},
+            },
+            "io.containerd.grpc.v1.cri": {
+                "disable_tcp_service": True,
+                "stream_server_address": "127.0.0.1",
+                "stream_server_port": "0",
+            },
+            "io.containerd.image-verifier.v1.bindir": {"bin_dir": str(c / "image-verifier")},
+            "io.containerd.internal.v1.opt": {"path": str(c / "opt")},
+            "io.containerd.nri.v1.nri": {
+                "disable": False,
+                "socket_path": "/var/run/nri/nri.sock",  # a private directory (namespace)
+                "plugin_path": str(c / "nri-plugins"),
+                "plugin_config_path": str(c / "nri-conf.d"),
+                "plugin_registration_timeout": "5s",
+                "plugin_request_timeout": "2s",
+            },
+        },
+    }
+
+
+def write_containerd_config(layout: Layout, runc: Path, cni_bin: Path) -> Path:
+    path = layout.containerd / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomlkit.dumps(containerd_config(layout, runc, cni_bin)))
+    return path
+
+
+def cni_conflist(layout: Layout) -> dict[str, Any]:
+    """A private bridge without an address (no gateway, no masquerade): pods reach each other only."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": "mokka",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": layout.bridge,
+                "isGateway": False,
+                "ipMasq": False,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": layout.pod_subnet}]],
+                    "dataDir": str(layout.cni / "ipam"),
+                },
+            },
+        ],
+    }
+
+
+def write_cni_config(layout: Layout) -> Path:
+    path = layout.cni / "conf" / "10-mokka.conflist"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cni_conflist(layout), indent=2))
+    return path
+
+
+def ports_json(ports: Ports) -> dict[str, int]:
+    return asdict(ports)

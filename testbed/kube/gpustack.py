@@ -1,0 +1,142 @@
+"""The node's GPU stack: the staged mock node and what NVIDIA's tools see of it, the NRI plugin,
+NVIDIA's device plugin (or the hook for a DRA driver) and GPU Feature Discovery.
+
+NVIDIA's tools run as host processes in the cluster's mount namespace, with their ordinary flags:
+``--driver-root`` names :attr:`Layout.driver_root`, which holds the driver's ``usr`` (library,
+nvidia-smi) and ``dev`` (device nodes) — the device plugin looks for device nodes inside the
+driver root. The staged sysfs entries appear at the real ``/sys`` paths inside the namespace (see
+:func:`namespace_entries`): PCI functions under ``/sys/bus/pci/devices`` as symlinks into
+``/sys/devices/pci<domain>:<bus>`` (so a ``readlink`` names the PCI root), the ``nvidia`` driver
+and modules, and DMI's ``product_name`` (GFD's ``gpu.machine``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpumodel import nodelayout
+from gpumodel.profile import Profile
+from hostsetup import node as hostnode
+
+from .config import Layout
+
+ALLOCATORS = ("device-plugin", "dra", "none")
+DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
+CDI_HOOK_DIR = "nvidia-cdi-hook"
+
+
+def stage_node(layout: Layout, profile: Profile, nvidia_smi: Path) -> nodelayout.NodeLayout:
+    """``mokka host setup`` under ``DIR/node``, and the driver root NVIDIA's tools are pointed at."""
+    plan = hostnode.plan(profile, hostnode.Options(root=layout.node_root, nvidia_smi=nvidia_smi))
+    hostnode.apply(plan)
+    root = layout.driver_root
+    root.mkdir(parents=True, exist_ok=True)
+    for name, target in (("usr", layout.node_root / "driver" / "usr"), ("dev", layout.node_root / "dev")):
+        link = root / name
+        if not link.is_symlink():
+            link.symlink_to(target)
+    return nodelayout.NodeLayout.load(layout.node_root)
+
+
+def unstage_node(layout: Layout) -> list[str]:
+    """Undo :func:`stage_node` (host cleanup restores ``DIR/node``); returns problems."""
+    problems: list[str] = []
+    for name in ("usr", "dev"):
+        (layout.driver_root / name).unlink(missing_ok=True)
+    if layout.driver_root.exists():
+        try:
+            layout.driver_root.rmdir()
+        except OSError as exc:
+            problems.append(f"{layout.driver_root}: {exc.strerror}")
+    if (layout.node_root / "node.json").exists() or (layout.node_root / ".mokka").exists():
+        try:
+            hostnode.cleanup(layout.node_root)
+        except Exception as exc:  # the journal's own errors: report, keep tearing down
+            problems.append(f"host cleanup {layout.node_root}: {exc}")
+    return problems
+
+
+def namespace_entries(layout: Layout) -> tuple[list[list[str]], list[list[str]]]:
+    """(binds, links) that show the staged sysfs at the real /sys paths inside the namespace."""
+    sys_root = layout.node_root / "sys"
+    binds: list[list[str]] = []
+    links: list[list[str]] = []
+    devices = sys_root / "bus" / "pci" / "devices"
+    for entry in sorted(devices.iterdir()):
+        links.append([os.readlink(entry), f"/sys/bus/pci/devices/{entry.name}"])
+    for entry in sorted((sys_root / "devices").iterdir()):
+        binds.append([str(entry), f"/sys/devices/{entry.name}"])
+    binds.append([str(sys_root / "bus" / "pci" / "drivers" / "nvidia"), "/sys/bus/pci/drivers/nvidia"])
+    for entry in sorted((sys_root / "module").iterdir()):
+        binds.append([str(entry), f"/sys/module/{entry.name}"])
+    dmi = sys_root / "class" / "dmi" / "id"
+    if dmi.is_dir():
+        real = Path("/sys/class/dmi/id")
+        binds.append([str(dmi), str(real.resolve()) if real.exists() else str(real)])
+    proc = layout.node_root / "proc" / "driver" / "nvidia"
+    if proc.is_dir():
+        binds.append([str(proc), "/proc/driver/nvidia"])
+    return binds, links
+
+
+def nri_plugin_argv(layout: Layout, health_port: int, external: bool) -> list[str]:
+    """``mokka nri-plugin`` on the namespace's NRI socket; ``external``: a device plugin or DRA
+    driver hands out the GPUs (containers without an allocation get none)."""
+    argv = [sys.executable, "-m", "mokka.cli", "nri-plugin", "--root", str(layout.node_root)]
+    argv += ["--socket", "/var/run/nri/nri.sock", "--health-addr", f"127.0.0.1:{health_port}"]
+    if external:
+        argv += ["--allocator", "external"]
+    return argv
+
+
+def device_plugin_argv(binary: Path, layout: Layout, strategy: str, hook: Path) -> list[str]:
+    root = str(layout.driver_root)
+    return [
+        str(binary),
+        f"--driver-root={root}",
+        f"--driver-root-ctr-path={root}",
+        f"--dev-root={root}",
+        f"--device-list-strategy={strategy}",
+        "--device-id-strategy=uuid",
+        "--fail-on-init-error=true",
+        f"--nvidia-cdi-hook-path={hook}",
+    ]
+
+
+def nvml_env(layout: Layout) -> dict[str, str]:
+    """Where NVIDIA's Go tools dlopen ``libnvidia-ml.so.1`` from (go-nvlib's platform check looks
+    only on the library path; in their pods the container toolkit puts the library there)."""
+    return {"LD_LIBRARY_PATH": str(layout.driver_root / "usr" / "lib64")}
+
+
+def gfd_argv(binary: Path, layout: Layout) -> list[str]:
+    return [
+        str(binary),
+        "--oneshot",
+        "--no-timestamp",
+        "--use-node-feature-api=false",
+        f"--output-file={layout.gfd / 'labels'}",
+        f"--driver-root-ctr-path={layout.driver_root}",
+    ]
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """GFD's output file: one ``key=value`` per line."""
+    labels: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key:
+            labels[key] = value
+    return labels
+
+
+def dra_driver_argv(layout: Layout) -> Sequence[str] | None:
+    """The DRA kubelet plugin to run for ``--allocator dra`` (None: none in this version).
+
+    Hook for the DRA driver: return its command line; the cluster starts it in the namespace
+    after the node is Ready and stops it at ``down``.
+    """
+    return None

@@ -1,0 +1,119 @@
+"""The cluster's long-running processes: started in the cluster's mount namespace, each in its
+own session with its log under ``DIR/logs``, recorded by pid *and* start time (so a later
+``down`` from another process never signals a recycled pid), stopped by signal."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+NSENTER = "nsenter"
+
+
+@dataclass(frozen=True)
+class Proc:
+    name: str
+    pid: int
+    start: int  # field 22 of /proc/<pid>/stat: start time in clock ticks since boot
+    log: str
+
+    def alive(self) -> bool:
+        _reap(self.pid)
+        return start_time(self.pid) == self.start and not zombie(self.pid)
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """SIGTERM, then SIGKILL after ``timeout``; True when it had to be killed."""
+        self.signal(signal.SIGTERM)
+        if wait_gone([self], timeout):
+            return False
+        self.signal(signal.SIGKILL)
+        wait_gone([self], timeout)
+        return True
+
+
+def start_time(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def wait_gone(procs: Sequence[Proc], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(p.alive() for p in procs):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def in_namespace(holder: int | None, argv: Sequence[str]) -> list[str]:
+    """``argv`` run inside the mount namespace held by process ``holder`` (as is when None)."""
+    if holder is None:
+        return list(argv)
+    return [NSENTER, f"--mount=/proc/{holder}/ns/mnt", "--", *argv]
+
+
+def spawn(
+    name: str,
+    argv: Sequence[str],
+    log: Path,
+    *,
+    holder: int | None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Proc:
+    """Start ``argv`` (in the namespace of ``holder``) in a new session; output appended to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, **(env or {})}
+    with log.open("ab") as out:
+        popen = subprocess.Popen(
+            in_namespace(holder, argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=full_env,
+            cwd=cwd,
+        )
+    # nsenter joins the namespace and execs the program: the pid stays the program's.
+    popen.returncode = 0  # never waited on through Popen: Proc.alive() reaps it
+    started = start_time(popen.pid)
+    return Proc(name, popen.pid, started if started is not None else -1, str(log))
+
+
+def in_mount_namespace(inode: int) -> list[int]:
+    """Live processes whose mount namespace is ``inode``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.stat(entry / "ns" / "mnt").st_ino == inode and not zombie(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

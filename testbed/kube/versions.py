@@ -1,0 +1,13 @@
+"""Every version the local cluster uses, pinned in one place."""
+
+from __future__ import annotations
+
+KUBERNETES = "v1.34.4"
+# k8s.io/kubernetes' staging modules are published as v0.<minor>.<patch>.
+KUBERNETES_STAGING = "v0." + KUBERNETES.removeprefix("v1.")
+# Served by the Go module proxy (v0.17.0 and v0.20.0 are not); built through a wrapper module.
+DEVICE_PLUGIN = "v0.18.0"
+# Bookworm's etcd 3.4 is too old for Kubernetes 1.34; trixie's 3.5 runs on bookworm.
+ETCD_SUITE = "trixie"
+ETCD_PACKAGE = "etcd-server"
+CONTAINERD = "2.1"
