@@ -109,3 +109,26 @@ def ensure(cache: Path | None = None, progress: gobuild.Progress = gobuild.stder
         device_plugin=gobuild.build(DEVICE_PLUGIN, cache, progress),
         etcd=etcd(cache),
     )
+
+
+def main() -> int:
+    """``python -m testbed.kube.binaries``: build or fetch every binary, one progress line per step."""
+    import sys
+    import time
+
+    t0 = time.monotonic()
+    found = cached()
+    if found is not None:
+        print(f"Kubernetes binaries: cached ({found.kubernetes.parent})", file=sys.stderr)
+        return 0
+    try:
+        ensure()
+    except (gobuild.BuildError, debcache.FetchError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"Kubernetes binaries: ready in {time.monotonic() - t0:.0f}s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

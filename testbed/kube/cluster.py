@@ -72,6 +72,7 @@ class State:
     gpus: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     nri_external: bool = False
+    host_sysctls: dict[str, str] = field(default_factory=dict)  # the host's values when the cluster came up
 
 
 def _quiet(_: str) -> None:
@@ -92,9 +93,9 @@ class Cluster:
             data = json.loads(layout.state_file.read_text())
             state = State(**data)
         except FileNotFoundError:
-            raise ClusterError(f"no cluster under {layout.base} ({layout.state_file} missing)") from None
+            raise ClusterError(f"no cluster there ({layout.state_file.name} missing)") from None
         except (ValueError, TypeError) as exc:
-            raise ClusterError(f"{layout.state_file}: not a cluster state file ({exc})") from None
+            raise ClusterError(f"{layout.state_file.name} is not a cluster state file ({exc})") from None
         return cls(layout, state)
 
     def save(self) -> None:
@@ -281,15 +282,13 @@ class Cluster:
             )
         layout = Layout(options.base.absolute())
         if layout.base.exists() and any(layout.base.iterdir()):
-            raise ClusterError(
-                f"{layout.base} is in use (a cluster runs there?): mokka cluster down --dir {layout.base}"
-            )
+            raise ClusterError(f"the directory is in use (a cluster? mokka cluster down --dir {layout.base})")
         try:
             prof = profiles.load(options.profile).with_count(options.gpus)
         except (profiles.ProfileError, ValueError) as exc:
             raise ClusterError(f"profile {options.profile}: {exc}") from None
         if len(str(layout.containerd_socket)) + len(".ttrpc") > 100:
-            raise ClusterError(f"{layout.base}: path too long for containerd's sockets; choose a shorter --dir")
+            raise ClusterError("the path is too long for containerd's sockets; choose a shorter --dir")
         opts = {**asdict(options), "base": str(layout.base), "cache": str(options.cache) if options.cache else None}
         state = State(options=opts, ports={}, cgroup_root=layout.cgroup_root, bridge=layout.bridge)
         cluster = cls(layout, state)
@@ -354,10 +353,10 @@ class Cluster:
                 self.import_image(tarball)
             self.wait("kube-apiserver /readyz", self._apiserver_ready)
         external = options.allocator != "none"
-        with self._step(progress, f"NRI plugin (allocator {'external' if external else 'nri'})"):
-            self.state.nri_external = external and nri_supports_external()
-            if external and not self.state.nri_external:
-                progress("note: this mokka nri-plugin has no --allocator external: pods without GPUs still get all")
+        self.state.nri_external = external and nri_supports_external()
+        if external and not self.state.nri_external:
+            progress("note: this mokka nri-plugin has no --allocator external: pods without GPUs still get all")
+        with self._step(progress, f"NRI plugin (allocator {'external' if self.state.nri_external else 'nri'})"):
             self._start_nri(self.state.nri_external)
         with self._step(progress, "controller-manager, scheduler, kubelet: node Ready"):
             self.spawn(
@@ -414,7 +413,9 @@ class Cluster:
         sysctl_dir.mkdir(parents=True, exist_ok=True)
         for key in config.SYSCTLS:
             f = sysctl_dir / key.replace("/", ".")
-            f.write_text(Path("/proc/sys", key).read_text())
+            value = Path("/proc/sys", key).read_text()
+            f.write_text(value)
+            self.state.host_sysctls[key] = value.strip()
             binds.append([str(f), f"/proc/sys/{key}"])
         sys_binds, links = gpustack.namespace_entries(layout)
         spec = layout.ns / "spec.json"

@@ -113,7 +113,7 @@ class Layout:
 
     @property
     def containerd_socket(self) -> Path:
-        return self.containerd / "containerd.sock"
+        return self.base / "containerd.sock"  # short: a unix socket path holds 108 bytes
 
     @property
     def cgroup_root(self) -> str:

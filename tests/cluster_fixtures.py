@@ -1,0 +1,132 @@
+"""A real single-node Kubernetes with mock GPUs for the tests (testbed.kube), and pod helpers.
+
+``kube_cluster`` (session): one cluster for the whole run — NVIDIA's device plugin in envvar
+mode, the h100 profile's 8 GPUs, GFD's labels on the node. ``start_cluster(base, **options)``
+brings up another one (e.g. ``allocator="dra"``, ``device_list_strategy="cdi-cri"``) and checks,
+when its block ends, that ``down`` left nothing. The binaries are built by ``.ci/setup``
+(``python -m testbed.kube.binaries``); when they are missing, the fixture builds them first and
+says so on the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.kube import binaries
+from testbed.kube.cluster import Cluster, Options, leftovers
+from testbed.kube.images import WORKLOAD_IMAGE
+
+SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+
+
+def _terminal(line: str) -> None:
+    print(f"[kube] {line}", file=sys.__stderr__, flush=True)
+
+
+def host_sysctls() -> dict[str, str]:
+    return {key: Path("/proc/sys", key).read_text().strip() for key in SYSCTLS}
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a local Kubernetes cluster needs root")
+
+
+def ensure_binaries() -> None:
+    if binaries.cached() is None:
+        _terminal("Kubernetes binaries are not in the cache: building them (run .ci/setup to do it ahead)")
+        binaries.ensure(progress=_terminal)
+
+
+@contextlib.contextmanager
+def start_cluster(base: Path, **options: Any) -> Iterator[Cluster]:
+    """A cluster under ``base`` for the duration of the block; ``down`` must leave nothing."""
+    require_root()
+    ensure_binaries()
+    before = host_sysctls()
+    cluster = Cluster.up(Options(base=base, **options))
+    state = cluster.state
+    try:
+        yield cluster
+    finally:
+        problems = cluster.down()
+        left = leftovers(base, state)
+        assert not problems and not left, f"cluster down left: {problems + left}"
+        assert host_sysctls() == before, "kubelet changed the host's sysctls"
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with start_cluster(tmp_path_factory.mktemp("kube")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def core(kube_cluster: Cluster) -> Any:
+    from kubernetes import client
+
+    return client.CoreV1Api(kube_cluster.api())
+
+
+@dataclass
+class PodResult:
+    name: str
+    phase: str
+    logs: str
+    pod: Any
+
+
+def pod_manifest(
+    name: str,
+    command: list[str],
+    *,
+    gpus: int = 0,
+    annotations: dict[str, str] | None = None,
+    image: str = WORKLOAD_IMAGE,
+) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "main", "image": image, "imagePullPolicy": "Never", "command": command}
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {"restartPolicy": "Never", "containers": [container], "terminationGracePeriodSeconds": 0},
+    }
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:g}s")
+        time.sleep(0.2)
+
+
+def run_pod(core: Any, manifest: dict[str, Any], namespace: str = "default", timeout: float = 90) -> PodResult:
+    """Create the pod, wait until it has finished, return its phase and logs; the pod is deleted."""
+    name = manifest["metadata"]["name"]
+    core.create_namespaced_pod(namespace, manifest)
+    try:
+
+        def finished() -> Any:
+            pod = core.read_namespaced_pod(name, namespace)
+            return pod if pod.status.phase in ("Succeeded", "Failed") else None
+
+        pod = wait_for(f"pod {name} to finish", finished, timeout)
+        logs = core.read_namespaced_pod_log(name, namespace, _preload_content=False).data.decode()
+        return PodResult(name, pod.status.phase, logs, pod)
+    finally:
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)

@@ -1,0 +1,109 @@
+"""`mokka cluster up|status|down` as a user runs them: a second cluster beside the session's (free
+ports, own namespace, cgroups and bridge), `down` leaving nothing behind, and bad input refused
+with one line and nothing changed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_fixtures import ensure_binaries, host_sysctls, pod_manifest, require_root, run_pod
+
+from testbed.kube.cluster import Cluster, State, leftovers
+
+pytestmark = [pytest.mark.root]
+
+
+def mokka(*args: str, user: int | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "mokka.cli", *args]
+    if user is not None:
+        argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+
+
+def one_error_line(res: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert res.returncode != 0
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mokka: error: "), res.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def iptables_rules() -> str:
+    res = subprocess.run(["iptables-save"], capture_output=True, text=True, check=False)
+    return "".join(ln for ln in res.stdout.splitlines(keepends=True) if not ln.startswith(("#", ":")))
+
+
+@pytest.mark.slow
+def test_up_status_down_beside_another_cluster(kube_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A second cluster (allocator none: the NRI plugin gives every container all GPUs) while the
+    session's runs; `down` leaves no process, mount, cgroup, interface, file or iptables rule."""
+    base = tmp_path_factory.mktemp("kube") / "second"
+    sysctls, rules = host_sysctls(), iptables_rules()
+    res = mokka("cluster", "up", "--dir", str(base), "--profile", "a100", "--gpus", "2", "--allocator", "none")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"export KUBECONFIG={base}/kubeconfig/admin.conf"
+    steps = res.stderr.strip().splitlines()
+    assert 6 <= len(steps) <= 12, res.stderr  # one line per step
+    state: State | None = None
+    try:
+        second = Cluster.load(base)
+        state = second.state
+        assert second.ports.apiserver != kube_cluster.ports.apiserver
+        status = mokka("cluster", "status", "--dir", str(base))
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "node        Ready" in status.stdout
+        from kubernetes import client
+
+        core: Any = client.CoreV1Api(second.api())
+        out = run_pod(core, pod_manifest("all-gpus", ["nvidia-smi", "-L"]))
+        assert out.phase == "Succeeded", out.logs
+        assert out.logs.count("NVIDIA A100") == 2, out.logs
+        assert kube_cluster.node_ready()  # the other cluster is unaffected
+    finally:
+        down = mokka("cluster", "down", "--dir", str(base))
+    assert down.returncode == 0, down.stderr
+    assert leftovers(base, state) == []
+    assert host_sysctls() == sysctls
+    assert iptables_rules() == rules
+    one_error_line(mokka("cluster", "down", "--dir", str(base)), "no cluster there", str(base))
+
+
+def test_down_without_a_cluster(tmp_path: Path) -> None:
+    require_root()
+    one_error_line(mokka("cluster", "down", "--dir", str(tmp_path)), "no cluster there", str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_status_of_a_corrupt_state_file(tmp_path: Path) -> None:
+    (tmp_path / "cluster.json").write_text("{not json")
+    one_error_line(mokka("cluster", "status", "--dir", str(tmp_path)), "cluster.json", str(tmp_path))
+    assert (tmp_path / "cluster.json").read_text() == "{not json"
+
+
+def test_up_refuses_a_directory_in_use(tmp_path: Path) -> None:
+    require_root()
+    ensure_binaries()
+    (tmp_path / "something").write_text("mine")
+    one_error_line(mokka("cluster", "up", "--dir", str(tmp_path)), "in use", str(tmp_path))
+    assert [p.name for p in tmp_path.iterdir()] == ["something"]
+    assert (tmp_path / "something").read_text() == "mine"
+
+
+def test_up_refuses_an_unknown_profile(tmp_path: Path) -> None:
+    one_error_line(mokka("cluster", "up", "--dir", str(tmp_path / "c"), "--profile", "v100"), "v100")
+    assert not (tmp_path / "c").exists()
+
+
+def test_up_needs_root(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch to an unprivileged user")
+    base = tmp_path / "c"
+    tmp_path.chmod(0o777)
+    one_error_line(mokka("cluster", "up", "--dir", str(base), user=65534), "needs root", str(base))
+    assert not base.exists()
