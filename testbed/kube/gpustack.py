@@ -25,32 +25,31 @@ from .config import Layout
 
 ALLOCATORS = ("device-plugin", "dra", "none")
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
-CDI_HOOK_DIR = "nvidia-cdi-hook"
+# The driver root's parts, bind-mounted in the namespace: real directories, so that what NVIDIA's
+# tools resolve (e.g. libcuda's directory, by EvalSymlinks) stays inside the driver root.
+DRIVER_ROOT_PARTS = ("usr", "dev")
 
 
 def stage_node(layout: Layout, profile: Profile, nvidia_smi: Path) -> nodelayout.NodeLayout:
-    """``mokka host setup`` under ``DIR/node``, and the driver root NVIDIA's tools are pointed at."""
+    """``mokka host setup`` under ``DIR/node``, and the mount points of the driver root NVIDIA's
+    tools are pointed at (filled in the namespace: see :func:`namespace_entries`)."""
     plan = hostnode.plan(profile, hostnode.Options(root=layout.node_root, nvidia_smi=nvidia_smi))
     hostnode.apply(plan)
-    root = layout.driver_root
-    root.mkdir(parents=True, exist_ok=True)
-    for name, target in (("usr", layout.node_root / "driver" / "usr"), ("dev", layout.node_root / "dev")):
-        link = root / name
-        if not link.is_symlink():
-            link.symlink_to(target)
+    for name in DRIVER_ROOT_PARTS:
+        (layout.driver_root / name).mkdir(parents=True, exist_ok=True)
     return nodelayout.NodeLayout.load(layout.node_root)
 
 
 def unstage_node(layout: Layout) -> list[str]:
     """Undo :func:`stage_node` (host cleanup restores ``DIR/node``); returns problems."""
     problems: list[str] = []
-    for name in ("usr", "dev"):
-        (layout.driver_root / name).unlink(missing_ok=True)
-    if layout.driver_root.exists():
+    for d in [layout.driver_root / name for name in DRIVER_ROOT_PARTS] + [layout.driver_root]:
         try:
-            layout.driver_root.rmdir()
+            d.unlink() if d.is_symlink() else d.rmdir()
+        except FileNotFoundError:
+            pass
         except OSError as exc:
-            problems.append(f"{layout.driver_root}: {exc.strerror}")
+            problems.append(f"{d}: {exc.strerror}")
     if (layout.node_root / "node.json").exists() or (layout.node_root / ".mokka").exists():
         try:
             hostnode.cleanup(layout.node_root)
@@ -60,9 +59,11 @@ def unstage_node(layout: Layout) -> list[str]:
 
 
 def namespace_entries(layout: Layout) -> tuple[list[list[str]], list[list[str]]]:
-    """(binds, links) that show the staged sysfs at the real /sys paths inside the namespace."""
+    """(binds, links) inside the namespace: the driver root's parts, and the staged sysfs at the
+    real /sys paths."""
     sys_root = layout.node_root / "sys"
-    binds: list[list[str]] = []
+    binds = [[str(layout.node_root / "driver" / "usr"), str(layout.driver_root / "usr")]]
+    binds.append([str(layout.node_root / "dev"), str(layout.driver_root / "dev")])
     links: list[list[str]] = []
     devices = sys_root / "bus" / "pci" / "devices"
     for entry in sorted(devices.iterdir()):
@@ -76,9 +77,9 @@ def namespace_entries(layout: Layout) -> tuple[list[list[str]], list[list[str]]]
     if dmi.is_dir():
         real = Path("/sys/class/dmi/id")
         binds.append([str(dmi), str(real.resolve()) if real.exists() else str(real)])
-    proc = layout.node_root / "proc" / "driver" / "nvidia"
-    if proc.is_dir():
-        binds.append([str(proc), "/proc/driver/nvidia"])
+    # Not /proc/driver/nvidia: a container's fresh procfs cannot show it, and NVIDIA's CDI hook
+    # (disable-device-node-modification) that finds the host's params file mounts over the
+    # container's, failing where that is absent.
     return binds, links
 
 
