@@ -53,6 +53,7 @@ DEVICE_PLUGIN = gobuild.GoBuild(
 )
 
 GO_BUILDS = (KUBERNETES, DEVICE_PLUGIN)
+CNI_DIR = "usr/lib/cni"
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Binaries:
     kubernetes: Path  # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl
     device_plugin: Path  # nvidia-device-plugin, gpu-feature-discovery, nvidia-cdi-hook, nvidia-ctk
     etcd: Path
+    cni: Path  # directory of the CNI plugins (bridge, host-local, loopback)
 
     def __getitem__(self, name: str) -> Path:
         for d in (self.kubernetes, self.device_plugin):
@@ -90,16 +92,32 @@ def etcd(cache: Path | None = None) -> Path:
     return binary
 
 
+def cni_plugins(cache: Path | None = None) -> Path:
+    """Debian's CNI plugins (bridge, host-local, loopback), unpacked once into the cache."""
+    cache = cache or debcache.default_cache()
+    deb = debcache.fetch(versions.CNI_SUITE, [versions.CNI_PACKAGE], cache)[versions.CNI_PACKAGE]
+    dest = cache / "extract" / deb.stem
+    bindir = dest / CNI_DIR
+    if not (bindir / "bridge").exists():
+        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        debcache.extract(deb, tmp)
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    return bindir
+
+
 def cached(cache: Path | None = None) -> Binaries | None:
     """Every binary, when all are in the cache already (no network, no build)."""
     dirs = [gobuild.cached(spec, cache) for spec in GO_BUILDS]
     cache = cache or debcache.default_cache()
     etcds = sorted((cache / "extract").glob(f"{versions.ETCD_PACKAGE}_*/usr/bin/etcd"))
-    if None in dirs or not etcds:
+    cnis = sorted(d for d in (cache / "extract").glob(f"{versions.CNI_PACKAGE}_*/{CNI_DIR}") if (d / "bridge").exists())
+    if None in dirs or not etcds or not cnis:
         return None
     k8s, dp = dirs
     assert k8s is not None and dp is not None
-    return Binaries(k8s, dp, etcds[-1])
+    return Binaries(k8s, dp, etcds[-1], cnis[-1])
 
 
 def ensure(cache: Path | None = None, progress: gobuild.Progress = gobuild.stderr_progress) -> Binaries:
@@ -108,6 +126,7 @@ def ensure(cache: Path | None = None, progress: gobuild.Progress = gobuild.stder
         kubernetes=gobuild.build(KUBERNETES, cache, progress),
         device_plugin=gobuild.build(DEVICE_PLUGIN, cache, progress),
         etcd=etcd(cache),
+        cni=cni_plugins(cache),
     )
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumodel import profile as profiles
-from testbed import containerd_dist, debcache, nvidia_smi
+from testbed import containerd_dist, nvidia_smi
 
 from . import binaries, cgroups, config, gpustack, images, namespace, process, versions
 from .config import Layout, Ports
@@ -39,8 +39,6 @@ from .pki import Pki
 
 Progress = Callable[[str], None]
 DEFAULT_BASE = Path("/run/mokka-cluster")
-CNI_SUITE = "bookworm"
-CNI_PACKAGE = "containernetworking-plugins"
 READY_TIMEOUT = 120.0
 
 
@@ -323,7 +321,7 @@ class Cluster:
             bins = binaries.ensure(cache, progress)
             ctrd = containerd_dist.fetch(config_version(), cache)
             runc = containerd_dist.runc(cache)
-            cni_bin = cni_plugins(cache)
+            cni_bin = bins.cni
             smi = nvidia_smi.fetch("550", cache)
         with self._step(progress, f"mock node: {prof.gpu_count}x {prof.gpu.name} staged under {layout.node_root}"):
             gpustack.stage_node(layout, prof, smi)
@@ -506,21 +504,6 @@ CONTROL_PLANE = ("kube-scheduler", "kube-controller-manager", "kube-apiserver", 
 
 def config_version() -> str:
     return versions.CONTAINERD
-
-
-def cni_plugins(cache: Path | None = None) -> Path:
-    """Debian bookworm's CNI plugins (bridge, host-local, loopback), unpacked once into the cache."""
-    cache = cache or debcache.default_cache()
-    deb = debcache.fetch(CNI_SUITE, [CNI_PACKAGE], cache)[CNI_PACKAGE]
-    dest = cache / "extract" / deb.stem
-    bindir = dest / "usr" / "lib" / "cni"
-    if not (bindir / "bridge").exists():
-        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        debcache.extract(deb, tmp)
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-    return bindir
 
 
 def nri_supports_external() -> bool:

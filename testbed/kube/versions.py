@@ -11,3 +11,6 @@ DEVICE_PLUGIN = "v0.18.0"
 ETCD_SUITE = "trixie"
 ETCD_PACKAGE = "etcd-server"
 CONTAINERD = "2.1"
+# bridge, host-local, loopback for the pod network
+CNI_SUITE = "bookworm"
+CNI_PACKAGE = "containernetworking-plugins"

@@ -1,0 +1,198 @@
+"""The local cluster's parts, without a cluster: the pinned Go builds' description, the components'
+configuration (containerd's checked by containerd itself), the certificates, the private mount
+namespace's union mounts, GFD's label file, the DMI names of the staged sysfs."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from gpumodel import profile
+from hostsetup import sysfs
+from testbed import containerd_dist
+from testbed.kube import binaries, config, gobuild, gpustack, pki, versions
+from testbed.kube.config import Layout, Ports
+
+LAYOUT = Layout(Path("/run/mokka-cluster"))
+PORTS = Ports(2379, 2380, 6443, 10250, 10248, 8080)
+
+
+def test_staging_replaces_read_from_kubernetes_go_mod() -> None:
+    gomod = """module k8s.io/kubernetes
+
+require (
+\tk8s.io/api v0.0.0
+)
+
+replace (
+\tk8s.io/api => ./staging/src/k8s.io/api
+\tk8s.io/client-go => ./staging/src/k8s.io/client-go
+\tgithub.com/other/thing => github.com/fork/thing v1.2.3
+)
+
+replace k8s.io/kubectl => ./staging/src/k8s.io/kubectl
+"""
+    assert gobuild.staging_replaces(gomod, "v0.34.4") == {
+        "k8s.io/api": "v0.34.4",
+        "k8s.io/client-go": "v0.34.4",
+        "k8s.io/kubectl": "v0.34.4",
+    }
+
+
+def test_builds_are_pinned_and_keyed_by_what_they_build() -> None:
+    assert "v0." + versions.KUBERNETES.removeprefix("v1.") == versions.KUBERNETES_STAGING
+    k8s = binaries.KUBERNETES
+    assert k8s.binaries == ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
+    assert any(f"gitVersion={versions.KUBERNETES}" in flag for flag in k8s.ldflags)
+    other = gobuild.GoBuild(k8s.name, k8s.module, k8s.version, k8s.commands, (*k8s.ldflags, "-X a.b=c"))
+    assert other.key() != k8s.key() and other.key().startswith(f"kubernetes-{versions.KUBERNETES}-")
+    assert binaries.DEVICE_PLUGIN.cgo and "nvidia-cdi-hook" in binaries.DEVICE_PLUGIN.binaries
+
+
+def test_layout_names() -> None:
+    assert len(LAYOUT.bridge) <= 15  # IFNAMSIZ
+    assert ipaddress.ip_network(LAYOUT.pod_subnet).prefixlen == 24
+    assert LAYOUT.cgroup_root == f"/mokka-kube-{LAYOUT.tag}"
+    assert Layout(Path("/tmp/other")).tag != LAYOUT.tag
+
+
+def test_kubelet_stays_off_the_host() -> None:
+    kubelet = config.kubelet_config(LAYOUT, PORTS)
+    assert kubelet["address"] == "127.0.0.1" and kubelet["readOnlyPort"] == 0
+    assert kubelet["makeIPTablesUtilChains"] is False
+    assert kubelet["protectKernelDefaults"] is False  # the sysctls it sets land in private files
+    assert kubelet["cgroupRoot"] == LAYOUT.cgroup_root and kubelet["cgroupDriver"] == "cgroupfs"
+    assert kubelet["failCgroupV1"] is False
+    assert kubelet["authentication"]["anonymous"]["enabled"] is False
+    cni = config.cni_conflist(LAYOUT)
+    bridge = cni["plugins"][0]
+    assert bridge["isGateway"] is False and bridge["ipMasq"] is False
+    assert [p["type"] for p in cni["plugins"]] == ["bridge"]
+    assert set(config.PRIVATE_PATHS) >= {"/var/lib/kubelet", "/run/containerd", "/var/log/pods", "/var/run/nri"}
+
+
+def test_control_plane_listens_on_loopback_only() -> None:
+    argv = config.apiserver_argv(Path("kube-apiserver"), LAYOUT, PORTS)
+    assert "--bind-address=127.0.0.1" in argv and "--secure-port=6443" in argv
+    etcd = config.etcd_argv(Path("etcd"), LAYOUT, PORTS)
+    urls = [a.split("=", 1)[1] for a in etcd if a.startswith("--listen-") and "metrics" not in a]
+    assert urls and all(u.startswith("http://127.0.0.1:") for u in urls)
+    for component in (config.controller_manager_argv, config.scheduler_argv):
+        assert "--secure-port=0" in component(Path("x"), LAYOUT)
+
+
+def test_containerd_takes_every_key_of_its_config(tmp_path: Path) -> None:
+    """containerd 2.1 itself parses the config (`config dump`) and keeps every value we set."""
+    bindir = containerd_dist.fetch(versions.CONTAINERD)
+    layout = Layout(tmp_path)
+    path = config.write_containerd_config(layout, Path("/usr/sbin/runc"), tmp_path / "cni-bin")
+    res = subprocess.run(
+        [str(bindir / "containerd"), "--config", str(path), "config", "dump"], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    dumped = tomllib.loads(res.stdout)
+
+    def leaves(d: dict[str, object], prefix: str = "") -> dict[str, object]:
+        out: dict[str, object] = {}
+        for k, v in d.items():
+            out.update(leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    got = leaves(dumped)
+    wanted = leaves(config.containerd_config(layout, Path("/usr/sbin/runc"), tmp_path / "cni-bin"))
+    assert {k: got.get(k) for k in wanted} == wanted
+
+
+def test_certificates(tmp_path: Path) -> None:
+    p = pki.Pki(tmp_path / "pki")
+    p.generate()
+    ca = x509.load_pem_x509_certificate(p.ca.read_bytes())
+    server = x509.load_pem_x509_certificate(p.path("apiserver.crt").read_bytes())
+    assert server.issuer == ca.subject
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    ips = {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
+    assert {"127.0.0.1", pki.SERVICE_IP} <= ips
+    assert "kubernetes.default.svc" in sans.get_values_for_type(x509.DNSName)
+    kubelet = x509.load_pem_x509_certificate(p.path("kubelet.crt").read_bytes())
+    assert kubelet.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:node:localhost"
+    assert kubelet.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:nodes"
+    assert oct(p.path("ca.key").stat().st_mode & 0o777) == "0o600"
+    conf = p.kubeconfig("admin", "https://127.0.0.1:6443", tmp_path / "admin.conf")
+    from kubernetes import config as kconfig
+
+    api = kconfig.new_client_from_config(config_file=str(conf))
+    assert api.configuration.host == "https://127.0.0.1:6443"
+
+
+def test_gfd_label_file() -> None:
+    text = "nvidia.com/gpu.count=8\nnvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3\n\nbroken line\n"
+    assert gpustack.parse_labels(text) == {
+        "nvidia.com/gpu.count": "8",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    }
+
+
+def test_staged_sysfs_names_the_machine() -> None:
+    files = sysfs.files(profile.load("h100"))
+    assert files[Path("sys/class/dmi/id/product_name")] == b"Mokka 8x NVIDIA H100 80GB HBM3\n"
+    assert files[Path("sys/class/dmi/id/sys_vendor")] == b"Mokka\n"
+
+
+@pytest.mark.root
+def test_union_mounts_stay_inside_the_namespace(tmp_path: Path) -> None:
+    """A missing target appears inside the namespace beside the parent's own entries (files,
+    directories, symlinks); the host's directory is unchanged."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    parent = tmp_path / "parent"
+    (parent / "dir").mkdir(parents=True)
+    (parent / "dir" / "inner").write_text("inner")
+    (parent / "file").write_text("file")
+    (parent / "link").symlink_to("dir")
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "new-file").write_text("new")
+    spec = tmp_path / "spec.json"
+    spec.write_text(
+        json.dumps({"binds": [[str(source), str(parent / "added")]], "links": [["dir", str(parent / "alias")]]})
+    )
+    ready = tmp_path / "ns" / "ready"
+    ready.parent.mkdir()
+    argv = ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-m", "testbed.kube.namespace"]
+    holder = subprocess.Popen([*argv, str(spec), str(ready)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            assert holder.poll() is None, holder.stderr.read() if holder.stderr else ""
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        inside = ["nsenter", f"--mount=/proc/{holder.pid}/ns/mnt", "--"]
+        ls = subprocess.run([*inside, "ls", str(parent)], capture_output=True, text=True, check=True).stdout.split()
+        assert ls == ["added", "alias", "dir", "file", "link"]
+        cat = [
+            *inside,
+            "cat",
+            f"{parent}/added/new-file",
+            f"{parent}/alias/inner",
+            f"{parent}/link/inner",
+            f"{parent}/file",
+        ]
+        assert subprocess.run(cat, capture_output=True, text=True, check=True).stdout == "newinnerinnerfile"
+        # Written through the union: lands in the real directory
+        subprocess.run([*inside, "sh", "-c", f"echo x > {parent}/dir/written"], check=True)
+        assert (parent / "dir" / "written").read_text() == "x\n"
+        assert sorted(p.name for p in parent.iterdir()) == ["dir", "file", "link"]
+    finally:
+        holder.terminate()
+        holder.wait(10)
+    assert str(parent) not in Path("/proc/self/mountinfo").read_text()
