@@ -25,7 +25,7 @@ from testbed.kube import binaries
 from testbed.kube.cluster import Cluster, Options, leftovers
 from testbed.kube.images import WORKLOAD_IMAGE
 
-SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward")
 
 
 def _terminal(line: str) -> None:

@@ -76,9 +76,10 @@ def test_kubelet_stays_off_the_host() -> None:
     assert kubelet["authentication"]["anonymous"]["enabled"] is False
     cni = config.cni_conflist(LAYOUT)
     bridge = cni["plugins"][0]
-    assert bridge["isGateway"] is False and bridge["ipMasq"] is False
+    assert bridge["isGateway"] is True and bridge["ipMasq"] is False  # forwarding: a private sysctl file
     assert [p["type"] for p in cni["plugins"]] == ["bridge"]
     assert set(config.PRIVATE_PATHS) >= {"/var/lib/kubelet", "/run/containerd", "/var/log/pods", "/var/run/nri"}
+    assert "net/ipv4/ip_forward" in config.SYSCTLS
 
 
 def test_control_plane_listens_on_loopback_only() -> None:

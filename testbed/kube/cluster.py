@@ -55,6 +55,7 @@ class Options:
     device_list_strategy: str = "envvar"  # the device plugin's: envvar | cdi-cri | cdi-annotations
     cache: Path | None = None
     keep_on_failure: bool = False  # leave a failed cluster running for inspection (then `down`)
+    nri_plugin: bool = True  # False: none is started (e.g. the Helm chart's DaemonSet brings its own)
 
 
 @dataclass
@@ -350,12 +351,13 @@ class Cluster:
             for tarball in images.build(layout.images, smi, cache):
                 self.import_image(tarball)
             self.wait("kube-apiserver /readyz", self._apiserver_ready)
-        external = options.allocator != "none"
+        external = options.allocator != "none" and options.nri_plugin
         self.state.nri_external = external and nri_supports_external()
         if external and not self.state.nri_external:
             progress("note: this mokka nri-plugin has no --allocator external: pods without GPUs still get all")
-        with self._step(progress, f"NRI plugin (allocator {'external' if self.state.nri_external else 'nri'})"):
-            self._start_nri(self.state.nri_external)
+        if options.nri_plugin:
+            with self._step(progress, f"NRI plugin (allocator {'external' if self.state.nri_external else 'nri'})"):
+                self._start_nri(self.state.nri_external)
         with self._step(progress, "controller-manager, scheduler, kubelet: node Ready"):
             self.spawn(
                 "kube-controller-manager", config.controller_manager_argv(bins["kube-controller-manager"], layout)

@@ -140,8 +140,10 @@ PRIVATE_PATHS = {
     "/var/run/nri": "run-nri",
     "/etc/kubernetes": "etc-kubernetes",
 }
-# Kubelet sets these for the whole machine (container manager's kernel tunables).
-SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+# Kubelet sets the first three for the whole machine (container manager's kernel tunables); the CNI
+# bridge plugin turns on IP forwarding when the bridge is the pods' gateway. In the namespace they
+# are private files.
+SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward")
 
 
 def etcd_argv(etcd: Path, layout: Layout, ports: Ports) -> list[str]:
@@ -347,7 +349,8 @@ def write_containerd_config(layout: Layout, runc: Path, cni_bin: Path) -> Path:
 
 
 def cni_conflist(layout: Layout) -> dict[str, Any]:
-    """A private bridge without an address (no gateway, no masquerade): pods reach each other only."""
+    """A private bridge holding the pods' gateway address (so kubelet reaches pods: probes), no
+    masquerade and no forwarding on the host: pods reach each other and the node only."""
     return {
         "cniVersion": "1.0.0",
         "name": "mokka",
@@ -355,7 +358,7 @@ def cni_conflist(layout: Layout) -> dict[str, Any]:
             {
                 "type": "bridge",
                 "bridge": layout.bridge,
-                "isGateway": False,
+                "isGateway": True,
                 "ipMasq": False,
                 "ipam": {
                     "type": "host-local",
