@@ -105,7 +105,8 @@ def build(out: Path, nvidia_smi: Path | None, cache: Path | None = None) -> Path
         (rootfs / SMI_PATH).parent.mkdir(parents=True)
         shutil.copy2(nvidia_smi, rootfs / SMI_PATH)
     extensions = [p for p in rootfs.rglob("*.so*") if p.is_file() and not p.is_symlink()]
-    sandbox.make_rootfs(rootfs, programs=[PYTHON, *(nvidia_smi,) * (nvidia_smi is not None), *extensions], cache=cache)
+    programs = [PYTHON, *extensions] + ([nvidia_smi] if nvidia_smi is not None else [])
+    sandbox.make_rootfs(rootfs, programs=programs, cache=cache)
     with (rootfs / "etc" / "passwd").open("a") as fh:
         fh.write("mokka:x:10001:10001::/nonexistent:/usr/sbin/nologin\n")
     archive = sandbox.oci_archive(rootfs, out / "node.tar", NODE_IMAGE, cmd=["mokka", "--help"], env=ENV)
