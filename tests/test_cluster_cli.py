@@ -4,9 +4,12 @@ with one line and nothing changed."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +110,18 @@ def test_up_needs_root(tmp_path: Path) -> None:
     tmp_path.chmod(0o777)
     one_error_line(mokka("cluster", "up", "--dir", str(base), user=65534), "needs root", str(base))
     assert not base.exists()
+
+
+def test_down_needs_root(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch to an unprivileged user")
+    state = tmp_path / "cluster.json"
+    state.write_text(json.dumps({"options": {}, "ports": {}}))
+    # pytest's directories are root's alone: unreadable state is one line too
+    one_error_line(mokka("cluster", "down", "--dir", str(tmp_path), user=65534), "cannot read", str(tmp_path))
+    with tempfile.TemporaryDirectory(prefix="mokka-cluster-") as readable:
+        Path(readable).chmod(0o755)
+        shutil.copy(state, readable)
+        (Path(readable) / "cluster.json").chmod(0o644)
+        one_error_line(mokka("cluster", "down", "--dir", readable, user=65534), "needs root", readable)
+        assert (Path(readable) / "cluster.json").exists()

@@ -95,6 +95,8 @@ class Cluster:
             raise ClusterError(f"no cluster there ({layout.state_file.name} missing)") from None
         except (ValueError, TypeError) as exc:
             raise ClusterError(f"{layout.state_file.name} is not a cluster state file ({exc})") from None
+        except OSError as exc:
+            raise ClusterError(f"cannot read {layout.state_file.name}: {exc.strerror}") from None
         return cls(layout, state)
 
     def save(self) -> None:
@@ -462,6 +464,8 @@ class Cluster:
 
     def down(self, progress: Progress = _quiet) -> list[str]:
         """Stop everything, undo host setup, remove DIR; returns what could not be cleaned."""
+        if os.geteuid() != 0:
+            raise ClusterError("taking a cluster down needs root (its processes, cgroups and bridge are root's)")
         problems: list[str] = []
         layout = self.layout
         order = [p.name for p in self.procs if p.name not in ("kubelet", "containerd", "namespace")]
@@ -479,14 +483,8 @@ class Cluster:
         inode = self.state.namespace_inode
         if (p := self.proc("namespace")) is not None:
             p.stop()
-        if inode:  # shims and anything else still in the namespace
-            for pid in process.in_mount_namespace(inode):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, 9)
-            deadline = time.monotonic() + 10
-            while process.in_mount_namespace(inode) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            problems += [f"process {pid} survived in the namespace" for pid in process.in_mount_namespace(inode)]
+        if inode:  # shims, and what they fork while dying (runc), until none is left
+            problems += process.kill_mount_namespace(inode)
         problems += cgroups.remove(layout.cgroup_root)
         if Path(f"/sys/class/net/{layout.bridge}").exists():
             res = subprocess.run(["ip", "link", "delete", layout.bridge], capture_output=True, text=True, check=False)
@@ -531,7 +529,10 @@ def leftovers(base: Path, state: State | None = None) -> list[str]:
         if marker in cmdline and not process.zombie(int(entry.name)):
             found.append(f"process {entry.name}: {cmdline.strip()}")
     if state is not None and state.namespace_inode:
-        found += [f"process {pid} in the namespace" for pid in process.in_mount_namespace(state.namespace_inode)]
+        found += [
+            f"process {pid} in the namespace: {process.cmdline(pid)}"
+            for pid in process.in_mount_namespace(state.namespace_inode)
+        ]
     with open("/proc/self/mountinfo") as fh:
         for line in fh:
             point = line.split()[4]

@@ -39,7 +39,9 @@ class BuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class GoBuild:
-    """What to build: ``commands`` (package paths) of ``module`` at ``version``.
+    """What to build: ``commands`` (package paths) of ``module`` at ``version``; or, with ``main``,
+    that Go file as the wrapper module's main package — one program called ``name``, with symlinks
+    ``links`` to it (a multi-call program choosing by the name it runs as).
 
     ``staging_version``: the module's local ``=> ./staging/...`` replaces point at the published
     modules of this version instead (Kubernetes). ``cgo``: the commands need cgo (go-nvml's dlopen).
@@ -48,18 +50,23 @@ class GoBuild:
     name: str
     module: str
     version: str
-    commands: tuple[str, ...]
+    commands: tuple[str, ...] = ()
     ldflags: tuple[str, ...] = ()
     staging_version: str | None = None
     cgo: bool = False
     env: tuple[tuple[str, str], ...] = field(default=())
+    main: Path | None = None
+    links: tuple[str, ...] = ()
 
     @property
     def binaries(self) -> tuple[str, ...]:
+        if self.main is not None:
+            return (self.name, *self.links)
         return tuple(c.rstrip("/").rsplit("/", 1)[-1] for c in self.commands)
 
     def key(self) -> str:
-        desc = json.dumps([self.commands, self.ldflags, self.staging_version, self.cgo, self.env])
+        source = self.main.read_text() if self.main is not None else ""
+        desc = json.dumps([self.commands, self.ldflags, self.staging_version, self.cgo, self.env, source, self.links])
         return f"{self.name}-{self.version}-{hashlib.sha256(desc.encode()).hexdigest()[:10]}"
 
 
@@ -112,8 +119,11 @@ def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
             with (src / "go.mod").open("a") as fh:
                 fh.write("\n" + "".join(f"replace {m} => {m} {v}\n" for m, v in sorted(replaces.items())))
             step()
-        imports = "".join(f'\t_ "{c}"\n' for c in spec.commands)
-        (src / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports})\n")
+        if spec.main is not None:
+            shutil.copy(spec.main, src / "main.go")
+        else:
+            imports = "".join(f'\t_ "{c}"\n' for c in spec.commands)
+            (src / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports})\n")
         step = _step(progress, spec, "resolving modules (go mod tidy)")
         _go(go, ["mod", "tidy"], src, env)
         step()
@@ -121,27 +131,25 @@ def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
         tmp_out = out.with_name(out.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp_out, ignore_errors=True)
         ldflags = " ".join(("-s", "-w", *spec.ldflags))
-        _go(go, ["build", "-trimpath", "-ldflags", ldflags, "-o", str(tmp_out) + "/", *spec.commands], src, env)
+        if spec.main is not None:
+            targets, dest = ["."], str(tmp_out / spec.name)
+        else:
+            targets, dest = list(spec.commands), str(tmp_out) + "/"
+        _go(go, ["build", "-trimpath", "-ldflags", ldflags, "-o", dest, *targets], src, env)
+        for link in spec.links:
+            (tmp_out / link).symlink_to(spec.name)
         step()
-        sizes = {b: (tmp_out / b).stat().st_size for b in spec.binaries}
+        sizes = {b: (tmp_out / b).stat().st_size for b in spec.binaries if not (tmp_out / b).is_symlink()}
         (tmp_out / "build.json").write_text(
             json.dumps({"spec": spec.key(), "seconds": round(time.monotonic() - t0, 1), "sizes": sizes}, indent=1)
         )
         shutil.rmtree(out, ignore_errors=True)
         tmp_out.rename(out)
-        _prune(spec, out)
         total = sum(sizes.values()) / 2**20
         progress(f"{spec.name} {spec.version}: built in {time.monotonic() - t0:.0f}s, {total:.0f} MiB of binaries")
         return out
     finally:
         _remove_work(work, go, env)
-
-
-def _prune(spec: GoBuild, keep: Path) -> None:
-    """Remove earlier builds of ``spec.name`` (other versions or flags): the cache keeps one."""
-    for old in keep.parent.glob(f"{spec.name}-v*"):
-        if old != keep and ".tmp" not in old.name:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def staging_replaces(gomod: str, version: str) -> dict[str, str]:

@@ -117,3 +117,25 @@ def in_mount_namespace(inode: int) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def kill_mount_namespace(inode: int, timeout: float = 15.0) -> list[str]:
+    """SIGKILL every process in mount namespace ``inode``, again and again, until two scans in a
+    row find none (a dying shim may still fork); returns the survivors, described."""
+    deadline = time.monotonic() + timeout
+    empty_scans = 0
+    while empty_scans < 2 and time.monotonic() < deadline:
+        pids = in_mount_namespace(inode)
+        empty_scans = 0 if pids else empty_scans + 1
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    return [f"process {pid} survived in the namespace: {cmdline(pid)}" for pid in in_mount_namespace(inode)]
