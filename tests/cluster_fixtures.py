@@ -54,12 +54,11 @@ def start_cluster(base: Path, **options: Any) -> Iterator[Cluster]:
     ensure_binaries()
     before = host_sysctls()
     cluster = Cluster.up(Options(base=base, **options))
-    state = cluster.state
     try:
         yield cluster
     finally:
         problems = cluster.down()
-        left = leftovers(base, state)
+        left = leftovers(base)
         assert not problems and not left, f"cluster down left: {problems + left}"
         assert host_sysctls() == before, "kubelet changed the host's sysctls"
 

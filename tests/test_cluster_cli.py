@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from cluster_fixtures import ensure_binaries, host_sysctls, pod_manifest, require_root, run_pod
 
-from testbed.kube.cluster import Cluster, State, leftovers
+from testbed.kube.cluster import Cluster, leftovers
 
 pytestmark = [pytest.mark.root]
 
@@ -53,10 +53,8 @@ def test_up_status_down_beside_another_cluster(kube_cluster: Cluster, tmp_path_f
     assert res.stdout.strip() == f"export KUBECONFIG={base}/kubeconfig/admin.conf"
     steps = res.stderr.strip().splitlines()
     assert 6 <= len(steps) <= 12, res.stderr  # one line per step
-    state: State | None = None
     try:
         second = Cluster.load(base)
-        state = second.state
         assert second.ports.apiserver != kube_cluster.ports.apiserver
         status = mokka("cluster", "status", "--dir", str(base))
         assert status.returncode == 0, status.stdout + status.stderr
@@ -71,7 +69,7 @@ def test_up_status_down_beside_another_cluster(kube_cluster: Cluster, tmp_path_f
     finally:
         down = mokka("cluster", "down", "--dir", str(base))
     assert down.returncode == 0, down.stderr
-    assert leftovers(base, state) == []
+    assert leftovers(base) == []
     assert host_sysctls() == sysctls
     assert iptables_rules() == rules
     one_error_line(mokka("cluster", "down", "--dir", str(base)), "no cluster there", str(base))

@@ -4,6 +4,7 @@ namespace's union mounts, GFD's label file, the DMI names of the staged sysfs.""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -52,9 +53,11 @@ replace k8s.io/kubectl => ./staging/src/k8s.io/kubectl
 def test_builds_are_pinned_and_keyed_by_what_they_build() -> None:
     assert "v0." + versions.KUBERNETES.removeprefix("v1.") == versions.KUBERNETES_STAGING
     k8s = binaries.KUBERNETES
-    assert k8s.binaries == ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
+    commands = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
+    assert k8s.binaries == ("kubernetes", *commands)  # one program, a link per command
+    assert k8s.main is not None and all(f'case "{c}":' in k8s.main.read_text() for c in commands)
     assert any(f"gitVersion={versions.KUBERNETES}" in flag for flag in k8s.ldflags)
-    other = gobuild.GoBuild(k8s.name, k8s.module, k8s.version, k8s.commands, (*k8s.ldflags, "-X a.b=c"))
+    other = dataclasses.replace(k8s, ldflags=(*k8s.ldflags, "-X a.b=c"))
     assert other.key() != k8s.key() and other.key().startswith(f"kubernetes-{versions.KUBERNETES}-")
     assert binaries.DEVICE_PLUGIN.cgo and "nvidia-cdi-hook" in binaries.DEVICE_PLUGIN.binaries
 

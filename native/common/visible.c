@@ -53,6 +53,9 @@ unsigned mokka_visible_slots(unsigned out[MOKKA_MAX_GPUS]) {
     int dev_filter = 0;
     if (!getenv("MOKKA_IGNORE_DEVICE_NODES"))
         for (unsigned i = 0; i < count && !dev_filter; i++) dev_filter = has_node(mokka_gpu_now(i));
+    /* "void" is how a CDI spec (nvidia-ctk's, the device plugin's, NVIDIA's DRA driver's) tells the
+     * legacy runtime hook to keep out: the devices are the nodes the spec added. */
+    if (dev_filter && env && !strcmp(env, "void")) env = NULL;
     unsigned n = 0;
     for (unsigned i = 0; i < count; i++) {
         const mokka_gpu_t *g = mokka_gpu_now(i);

@@ -468,6 +468,10 @@ class Cluster:
             raise ClusterError("taking a cluster down needs root (its processes, cgroups and bridge are root's)")
         problems: list[str] = []
         layout = self.layout
+        # Hold the namespace open: while this descriptor lives, its inode is not handed to a new
+        # namespace, so "every process in it" never names another one's (nsfs reuses numbers).
+        holder = self.proc("namespace")
+        ns_fd = os.open(f"/proc/{holder.pid}/ns/mnt", os.O_RDONLY) if holder and holder.alive() else None
         order = [p.name for p in self.procs if p.name not in ("kubelet", "containerd", "namespace")]
         # Plugins first (they hold kubelet's and containerd's sockets), then kubelet, the pods,
         # containerd and its shims, the control plane, and the namespace last.
@@ -480,11 +484,15 @@ class Cluster:
         for name in CONTROL_PLANE:
             if (p := self.proc(name)) is not None and p.stop():
                 problems.append(f"{name} ignored SIGTERM")
-        inode = self.state.namespace_inode
-        if (p := self.proc("namespace")) is not None:
-            p.stop()
-        if inode:  # shims, and what they fork while dying (runc), until none is left
-            problems += process.kill_mount_namespace(inode)
+        if holder is not None:
+            holder.stop()
+        if ns_fd is not None:  # shims, and what they fork while dying (runc), until none is left
+            try:
+                problems += process.kill_mount_namespace(os.fstat(ns_fd).st_ino)
+            finally:
+                os.close(ns_fd)
+        # Whatever names the cluster's directory (a shim's -address, when the namespace was gone).
+        problems += process.kill_naming(str(layout.base) + "/")
         problems += cgroups.remove(layout.cgroup_root)
         if Path(f"/sys/class/net/{layout.bridge}").exists():
             res = subprocess.run(["ip", "link", "delete", layout.bridge], capture_output=True, text=True, check=False)
@@ -514,29 +522,21 @@ def nri_supports_external() -> bool:
     return "--allocator" in res.stdout
 
 
-def leftovers(base: Path, state: State | None = None) -> list[str]:
-    """What a cluster under ``base`` left outside its directory (and the directory itself)."""
+def leftovers(base: Path) -> list[str]:
+    """What a cluster under ``base`` left outside its directory (and the directory itself):
+    processes naming it, mounts under it, its cgroups (the pods' processes are in them), its
+    bridge. (Not "processes in its mount namespace": once that is gone, its inode number may
+    already name another namespace.)"""
     layout = Layout(base.absolute())
     found: list[str] = []
-    marker = str(layout.base)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline and not process.zombie(int(entry.name)):
-            found.append(f"process {entry.name}: {cmdline.strip()}")
-    if state is not None and state.namespace_inode:
-        found += [
-            f"process {pid} in the namespace: {process.cmdline(pid)}"
-            for pid in process.in_mount_namespace(state.namespace_inode)
-        ]
+    marker = str(layout.base) + "/"  # a path under it (not a sibling whose name it prefixes)
+    for pid in process.all_pids():
+        if pid != os.getpid() and marker in (cmdline := process.cmdline(pid)) and not process.zombie(pid):
+            found.append(f"process {pid}: {cmdline}")
     with open("/proc/self/mountinfo") as fh:
         for line in fh:
             point = line.split()[4]
-            if point == marker or point.startswith(marker + "/"):
+            if point == str(layout.base) or point.startswith(marker):
                 found.append(f"mount {point}")
     found += [f"cgroup {d}" for d in cgroups.existing(layout.cgroup_root)]
     if Path(f"/sys/class/net/{layout.bridge}").exists():

@@ -139,3 +139,22 @@ def kill_mount_namespace(inode: int, timeout: float = 15.0) -> list[str]:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
     return [f"process {pid} survived in the namespace: {cmdline(pid)}" for pid in in_mount_namespace(inode)]
+
+
+def kill_naming(marker: str, timeout: float = 10.0) -> list[str]:
+    """SIGKILL live processes whose command line contains ``marker``; returns the survivors."""
+
+    def naming() -> list[int]:
+        return [pid for pid in all_pids() if pid != os.getpid() and marker in cmdline(pid) and not zombie(pid)]
+
+    deadline = time.monotonic() + timeout
+    while (pids := naming()) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    return [f"process {pid} survived: {cmdline(pid)}" for pid in naming()]
+
+
+def all_pids() -> list[int]:
+    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()]
