@@ -123,3 +123,20 @@ def test_down_needs_root(tmp_path: Path) -> None:
         (Path(readable) / "cluster.json").chmod(0o644)
         one_error_line(mokka("cluster", "down", "--dir", readable, user=65534), "needs root", readable)
         assert (Path(readable) / "cluster.json").exists()
+
+
+@pytest.mark.slow
+def test_bench_cluster_prints_every_figure_with_its_target() -> None:
+    require_root()
+    ensure_binaries()
+    res = mokka("bench", "cluster", "--ups", "1", "--pods", "1")
+    assert res.returncode == 0, res.stderr
+    for figure in ("-> node Ready", "GPUs allocatable + GFD", "cluster down", "pod with 2 GPUs", "pod without GPUs"):
+        assert figure in res.stdout, res.stdout
+    assert "<= 30 s" in res.stdout and "<= 1.2" in res.stdout
+    assert "ratio (2 GPUs / none)" in res.stdout
+
+
+def test_bench_cluster_refuses_zero_runs() -> None:
+    res = mokka("bench", "cluster", "--ups", "0")
+    assert res.returncode == 2 and "--ups" in res.stderr and "Traceback" not in res.stderr

@@ -138,8 +138,20 @@ def status_cmd(base: Path) -> None:
 
 @bench.command("cluster")
 @click.option("--profile", "profile_name", default="h100", show_default=True)
-@click.option("--ups", default=3, show_default=True, help="Warm `cluster up` runs timed (each torn down after).")
-@click.option("--pods", default=5, show_default=True, help="Pods per side (2 GPUs / none), interleaved.")
+@click.option(
+    "--ups",
+    type=click.IntRange(1, 50),
+    default=3,
+    show_default=True,
+    help="Warm `cluster up` runs timed (each torn down).",
+)
+@click.option(
+    "--pods",
+    type=click.IntRange(1, 200),
+    default=5,
+    show_default=True,
+    help="Pods per side (2 GPUs / none), interleaved.",
+)
 def bench_cluster(profile_name: str, ups: int, pods: int) -> None:
     """Warm `cluster up` → node Ready (target <= 30 s); pod with 2 GPUs vs none: create → Running (ratio <= 1.2)."""
     from testbed.kube import bench as cluster_bench
