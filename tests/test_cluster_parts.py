@@ -200,3 +200,17 @@ def test_union_mounts_stay_inside_the_namespace(tmp_path: Path) -> None:
         holder.terminate()
         holder.wait(10)
     assert str(parent) not in Path("/proc/self/mountinfo").read_text()
+
+
+def test_a_killed_build_leaves_nothing_for_the_next(tmp_path: Path) -> None:
+    dead = next(p for p in range(4_000_000, 4_100_000) if not Path(f"/proc/{p}").exists())
+    root = gobuild.bin_root(tmp_path)
+    spec = binaries.DEVICE_PLUGIN
+    left = [root / f"{spec.key()}.tmp{dead}", root.parent / f"work-{spec.name}-{dead}"]
+    live = root.parent / f"work-{spec.name}-{os.getpid()}"  # a build still running keeps its own
+    for d in (*left, live):
+        (d / "pkg").mkdir(parents=True)
+        (d / "pkg").chmod(0o555)  # Go leaves its module cache read-only
+    gobuild._sweep(spec, tmp_path)
+    assert [d.exists() for d in left] == [False, False]
+    assert live.exists()

@@ -96,7 +96,17 @@ def build(spec: GoBuild, cache: Path | None = None, progress: Progress = stderr_
     with _locked(bin_root(cache) / f".{spec.name}.lock"):
         if found := cached(spec, cache):  # another process built it while we waited
             return found
+        _sweep(spec, cache)
         return _build(spec, cache, progress)
+
+
+def _sweep(spec: GoBuild, cache: Path) -> None:
+    """Remove what builds of ``spec.name`` killed midway left (their process is gone)."""
+    root = bin_root(cache)
+    for left in [*root.glob(f"{spec.name}-*.tmp*"), *root.parent.glob(f"work-{spec.name}-*")]:
+        pid = left.name.rsplit(".tmp", 1)[-1] if ".tmp" in left.name else left.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            _remove_work(left)
 
 
 def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
