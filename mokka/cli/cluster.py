@@ -129,7 +129,8 @@ def status_cmd(base: Path) -> None:
     click.echo(f"kubeconfig  {status['kubeconfig']}")
     click.echo(f"allocator   {status['allocator']}")
     click.echo(f"node        {'Ready' if status['node_ready'] else 'not ready'}")
-    click.echo(f"gpus        {status['allocatable_gpus']} nvidia.com/gpu allocatable")
+    gpus, dra = status["allocatable_gpus"], status["dra_devices"]
+    click.echo(f"gpus        {gpus} nvidia.com/gpu allocatable, {dra} in ResourceSlices")
     for name, state in status["processes"].items():
         click.echo(f"  {name:<26}{state}")
     healthy = status["node_ready"] and all(s == "running" for s in status["processes"].values())

@@ -212,6 +212,14 @@ class Cluster:
         node = self.node() or {}
         return int(node.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu", "0"))
 
+    def slice_devices(self) -> int:
+        """Devices the node's ResourceSlices publish (0 while none, or the API is unreachable)."""
+        try:
+            found = self._get(f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={self.node_name}")
+        except ClusterError:
+            return 0
+        return sum(len(item.get("spec", {}).get("devices", [])) for item in found.get("items", []))
+
     def status(self) -> dict[str, Any]:
         return {
             "dir": str(self.layout.base),
@@ -220,6 +228,7 @@ class Cluster:
             "processes": {p.name: ("running" if p.alive() else "exited") for p in self.procs},
             "node_ready": self.node_ready(),
             "allocatable_gpus": self.allocatable_gpus(),
+            "dra_devices": self.slice_devices(),
             "allocator": self.state.options.get("allocator"),
         }
 
@@ -382,12 +391,13 @@ class Cluster:
                     f"allocatable nvidia.com/gpu = {prof.gpu_count}", lambda: self.allocatable_gpus() == prof.gpu_count
                 )
         elif options.allocator == "dra":
-            with self._step(progress, "DRA driver"):
+            with self._step(progress, f"DRA driver (mokka dra-plugin): a ResourceSlice of {prof.gpu_count} GPUs"):
                 argv_dra = gpustack.dra_driver_argv(layout)
                 if argv_dra is None:
                     progress("note: no DRA driver in this version; ResourceClaims stay unallocated")
                 else:
                     self.spawn("dra-driver", argv_dra)
+                    self.wait("the DRA driver's ResourceSlice", lambda: self.slice_devices() == prof.gpu_count)
         with self._step(progress, "GPU Feature Discovery (one-shot): node labels"):
             self.label_node(self.run_gfd(bins["gpu-feature-discovery"]))
         self.state.timings["up"] = round(time.monotonic() - t_start, 2)

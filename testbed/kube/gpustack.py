@@ -22,6 +22,7 @@ from gpumodel.profile import Profile
 from hostsetup import node as hostnode
 
 from .config import Layout
+from .pki import NODE_NAME
 
 ALLOCATORS = ("device-plugin", "dra", "none")
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
@@ -135,9 +136,17 @@ def parse_labels(text: str) -> dict[str, str]:
 
 
 def dra_driver_argv(layout: Layout) -> Sequence[str] | None:
-    """The DRA kubelet plugin to run for ``--allocator dra`` (None: none in this version).
-
-    Hook for the DRA driver: return its command line; the cluster starts it in the namespace
-    after the node is Ready and stops it at ``down``.
-    """
-    return None
+    """The DRA kubelet plugin ``--allocator dra`` runs (``mokka dra-plugin``), started in the
+    namespace after the node is Ready as process ``dra-driver`` and stopped at ``down``."""
+    return [
+        sys.executable,
+        "-m",
+        "mokka.cli",
+        "dra-plugin",
+        "--root",
+        str(layout.node_root),
+        "--kubeconfig",
+        str(layout.admin_kubeconfig),
+        "--node-name",
+        NODE_NAME,
+    ]
