@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import mig as migmodel
+
 MAX_GPUS = 64
 MAX_GRAPHICS_CLOCKS = 512  # MOKKA_MAX_GFX_CLOCKS in native/mokka_state.h (a test checks they agree)
 DEFAULT_DRIVER = "550.163.01"
@@ -336,6 +338,43 @@ class GpuSpec(Strict):
     pcie_replay_counter: int = 0
     processes: list[Process] = Field(default_factory=list, max_length=16)
     lost: bool = False
+    mig: migmodel.MigSpec | None = Field(None, description="MIG mode and the initial layout (gpumodel/mig.py)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mig_mode_sets_modes(cls, data: Any) -> Any:
+        """``mig.mode`` is the current MIG mode: it sets ``modes.mig`` (unless the board has none)."""
+        if isinstance(data, dict) and isinstance(data.get("mig"), dict) and data["mig"].get("mode") is not None:
+            modes = dict(data.get("modes") or {})
+            if modes.get("mig", False) is not None:
+                modes["mig"] = data["mig"]["mode"]
+                data = {**data, "modes": modes}
+        return data
+
+    @model_validator(mode="after")
+    def _mig_layout_valid(self) -> GpuSpec:
+        if self.mig is None:
+            return self
+        if self.modes.mig is None:
+            raise ValueError(f"mig: {self.name} does not support MIG (modes.mig is null)")
+        board = migmodel.board_for(self.pci.device_id, self.mig.board)
+        if board is None:
+            if self.mig.board is not None:
+                known = ", ".join(b.key for b in migmodel.BOARDS)
+                raise ValueError(f"mig.board: no MIG table {self.mig.board!r} (known: {known})")
+            if self.modes.mig or self.mig.pending or self.mig.instances:
+                raise ValueError(
+                    f"mig: no MIG profile table for {self.name} (PCI device 0x{self.pci.device_id:04X}); "
+                    "name one with mig.board"
+                )
+            return self
+        if self.mig.instances and not self.modes.mig:
+            raise ValueError("mig.instances: GPU instances need MIG mode on (mig.mode: on)")
+        try:
+            migmodel.plan(board, self.mig.instances)
+        except migmodel.LayoutError as exc:
+            raise ValueError(str(exc)) from None
+        return self
 
 
 class Topology(Strict):

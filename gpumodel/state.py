@@ -22,7 +22,7 @@ from typing import Any
 
 import cffi
 
-from . import atomic
+from . import atomic, mig_state
 from .native import STATE_WRITER, header_path, library_path
 from .profile import ATOMIC_CAPS, BRANDS, MIB, Architecture, Device, Profile, parse_bus_id
 
@@ -253,6 +253,7 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
     g.compute_mode = COMPUTE_MODES[md.compute]
     g.ecc_current = g.ecc_pending = na() if md.ecc is None else int(md.ecc)
     g.mig_current = g.mig_pending = na() if md.mig is None else int(md.mig)
+    mig_state.fill(g, s, device.uuid, _put_str)
     g.display_mode = int(md.display_attached)
     g.display_active = int(md.display_active)
     g.accounting_mode = int(md.accounting)

@@ -41,7 +41,7 @@
 #include <stdint.h>
 
 #define MOKKA_STATE_MAGIC 0x41544b4f4b4b4f4d
-#define MOKKA_STATE_VERSION 3
+#define MOKKA_STATE_VERSION 4
 #define MOKKA_TRAILER_MAGIC 0x4c5254414b4b4f4d  /* "MOKKATRL" */
 #define MOKKA_STATE_ALIGN 65536   /* region offset in a library file: a multiple of every Linux page size */
 #define MOKKA_MAX_GPUS 64
@@ -70,6 +70,74 @@
 #define MOKKA_GPU_REMAP_FAILURE 256
 #define MOKKA_GPU_TLIMIT 512         /* reports T.Limit-relative thresholds (Ada and later) */
 #define MOKKA_GPU_SRAM_STATUS 1024   /* answers nvmlDeviceGetSramEccErrorStatus (SRAM parity/SEC-DED split) */
+
+/* MIG (see gpumodel/mig.py): the board's profile tables (fixed) and the layout (live). */
+#define MOKKA_MIG_MAX_GI_PROFILES 8
+#define MOKKA_MIG_MAX_CI_PROFILES 6
+#define MOKKA_MIG_MAX_PLACEMENTS 8
+#define MOKKA_MIG_MAX_GIS 8          /* GPU instances at once */
+#define MOKKA_MIG_MAX_CIS 8          /* compute instances per GPU instance */
+#define MOKKA_MIG_MAX_GI_ID 14       /* GI ids 0..14, CI ids 0..7 */
+#define MOKKA_MIG_MAX_CI_ID 7
+
+typedef struct {
+    uint32_t index;             /* NVML_COMPUTE_INSTANCE_PROFILE_* */
+    uint32_t id;                /* profile ID */
+    uint32_t slice_count;       /* compute slices */
+    uint32_t instance_count;
+    uint32_t multiprocessor_count;
+    uint32_t n_placements;
+    uint32_t placements[MOKKA_MIG_MAX_PLACEMENTS]; /* starts, in compute slices */
+    char name[32];              /* "1c.3g.40gb" */
+} mokka_ci_profile_t;
+
+typedef struct {
+    uint32_t index;             /* NVML_GPU_INSTANCE_PROFILE_* */
+    uint32_t id;                /* the driver's profile ID */
+    uint32_t slice_count;       /* GPU slices */
+    uint32_t memory_slices;     /* placement size */
+    uint32_t instance_count;
+    uint32_t multiprocessor_count;
+    uint32_t copy_engine_count;
+    uint32_t decoder_count;
+    uint32_t encoder_count;
+    uint32_t jpeg_count;
+    uint32_t ofa_count;
+    uint32_t first_id;          /* GI ids: first_id + start / memory_slices */
+    uint32_t n_placements;
+    uint32_t placements[MOKKA_MIG_MAX_PLACEMENTS]; /* starts, in memory slices */
+    uint32_t n_ci_profiles;
+    uint64_t memory_mib;
+    char name[32];              /* "1g.10gb+me" */
+    mokka_ci_profile_t ci[MOKKA_MIG_MAX_CI_PROFILES];
+} mokka_gi_profile_t;
+
+typedef struct {
+    uint32_t id;
+    uint32_t profile;           /* index into its GI profile's ci[] */
+    uint32_t start;             /* first compute slice */
+    uint32_t pad;
+    char uuid[48];              /* "MIG-..." */
+} mokka_ci_t;
+
+typedef struct {
+    uint32_t id;
+    uint32_t profile;           /* index into mokka_mig_t.profiles */
+    uint32_t start;             /* first memory slice */
+    uint32_t n_cis;             /* ci[0 .. n_cis-1], ascending id */
+    mokka_ci_t ci[MOKKA_MIG_MAX_CIS];
+} mokka_gi_t;
+
+typedef struct {
+    uint32_t n_profiles;        /* 0: no table (MIG can still be switched on where capable) */
+    uint32_t gpu_slices;
+    uint32_t memory_slices;
+    uint32_t max_devices;       /* nvmlDeviceGetMaxMigDeviceCount with MIG on */
+    mokka_gi_profile_t profiles[MOKKA_MIG_MAX_GI_PROFILES];
+    uint32_t n_gis;             /* live: gis[0 .. n_gis-1], ascending id */
+    uint32_t pad;
+    mokka_gi_t gis[MOKKA_MIG_MAX_GIS];
+} mokka_mig_t;
 
 typedef struct {
     uint32_t pid;
@@ -231,6 +299,9 @@ typedef struct {
     uint32_t fabric_health;         /* nvmlGpuFabricInfo_v3_t healthMask */
     uint32_t nvlink_remote_device_id;   /* (device << 16) | vendor of the links' far end; 0: not known */
     uint32_t nvlink_remote[MOKKA_MAX_NVLINKS];  /* far end of each link: (domain << 16) | (bus << 8) | (device << 3) | function */
+
+    /* MIG: mig_current / mig_pending above are the mode; this is the table and the layout */
+    mokka_mig_t mig;
 } mokka_gpu_t;
 
 /* Node-wide live data: the start of each copy. */

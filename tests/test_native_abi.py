@@ -99,6 +99,8 @@ def test_no_versioned_entry_point_writes_past_its_struct(
     rc = {ln.split()[0]: ln.split()[3] for ln in lines if " canaries " in ln}
     for written in ("nvmlDeviceGetPciInfo_v2", "nvmlDeviceGetComputeRunningProcesses", "nvmlEventSetWait"):
         assert rc[written] == "rc=0", lines
+    mig = [ln for ln in lines if "Instance" in ln]  # the MIG calls, on GPU 1
+    assert len(mig) == 2 * 12 and all(" rc=0 " in ln for ln in mig), mig
 
 
 def test_every_versioned_export_is_covered(canary: Path) -> None:

@@ -54,7 +54,7 @@ int mokka_library_file(const void *self, char *out, size_t size) {
 
 /* Where the region lies in the open file: from byte 0 (a state file) or where the
  * trailer at the end says (a library carrying its state). NULL, or why not. */
-static const char *find_region(int fd, uint64_t file_size, uint64_t *offset, uint64_t *size) {
+const char *mokka_find_region(int fd, uint64_t file_size, uint64_t *offset, uint64_t *size) {
     uint64_t magic = 0;
     if (file_size < sizeof(mokka_header_t) && file_size < sizeof(mokka_trailer_t))
         return "truncated (shorter than the header)";
@@ -112,7 +112,7 @@ mokka_map_status_t mokka_map_state(const char *carrier) {
     else if (!S_ISREG(st.st_mode))
         why = "not a regular file";
     else
-        why = find_region(fd, (uint64_t)st.st_size, &offset, &size);
+        why = mokka_find_region(fd, (uint64_t)st.st_size, &offset, &size);
     if (why) {
         close(fd);
         complain(path, why);

@@ -40,6 +40,10 @@ mokka_map_status_t mokka_map_state(const char *carrier);
 int mokka_library_file(const void *self, char *out, size_t size);
 void mokka_unmap_state(void);
 
+/* Where the state region lies in an open file of `file_size` bytes: from byte 0 (a state
+ * file) or where a library's trailer says. NULL on success, else why not. */
+const char *mokka_find_region(int fd, uint64_t file_size, uint64_t *offset, uint64_t *size);
+
 /* ---- the latch ---------------------------------------------------------------------
  * seq odd: a writer is rewriting copy 0, read copy 1; seq even: read copy 0. A reader
  * retries only when seq moved during its read, i.e. a live writer made progress; a
@@ -68,15 +72,16 @@ static inline const mokka_gpu_t *mokka_gpu_now(unsigned slot) {
 }
 
 /* Run STMT against a consistent copy; G (a `const mokka_gpu_t *` variable) is pointed at
- * the record in that copy first, so STMT reads its fields through G. */
-#define MOKKA_READ(G, stmt)                                   \
+ * the record in that copy first, so STMT reads its fields through G. (Variadic: STMT may be a
+ * block with commas.) */
+#define MOKKA_READ(G, ...)                                    \
     do {                                                      \
         uint32_t mokka_seq_;                                  \
         unsigned mokka_tries_ = 0;                            \
         do {                                                  \
             mokka_seq_ = mokka_seq_begin();                   \
             (G) = mokka_rebase((G), mokka_seq_);              \
-            stmt;                                             \
+            __VA_ARGS__;                                      \
         } while (mokka_seq_retry(mokka_seq_, &mokka_tries_)); \
     } while (0)
 

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "mig_ids.h"
 #include "state_read.h"
 
 /* NVIDIA_VISIBLE_DEVICES: "all", "none", "void", or indices / UUIDs separated by commas. */
@@ -21,7 +22,10 @@ static int listed(const char *list, const mokka_gpu_t *g) {
             item[n] = '\0';
             char *rest;
             unsigned long idx = strtoul(item, &rest, 10);
-            if (*rest == '\0' && rest != item) {
+            unsigned gi, ci;
+            if (mokka_mig_item(item, n, g, &gi, &ci)) {
+                return 1; /* one of its MIG devices: MIG-<uuid>, <gpu>:<mig> */
+            } else if (*rest == '\0' && rest != item) {
                 if (idx == g->index) return 1;
             } else if (strncmp(g->uuid, item, n) == 0) {
                 return 1; /* full UUID or a unique prefix, as the runtime accepts */

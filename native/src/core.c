@@ -30,6 +30,7 @@ static void choose_visible(void) {
     unsigned n = mokka_visible_slots(slots);
     for (unsigned i = 0; i < n; i++) g_mokka.devices[i] = (struct nvmlDevice_st){MOKKA_HANDLE_MAGIC, i, slots[i], 0};
     g_mokka.visible_count = n;
+    mokka_mig_reset();
 }
 
 /* ---- init / shutdown --------------------------------------------------------------- */
@@ -108,7 +109,8 @@ static int uuid_is(const mokka_gpu_t *g, const char *uuid) { return strcmp(g->uu
 static int serial_is(const mokka_gpu_t *g, const char *serial) { return strcmp(g->serial, serial) == 0; }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
-    return handle_by(uuid_is, uuid, device);
+    nvmlReturn_t r = handle_by(uuid_is, uuid, device);
+    return r == NVML_ERROR_NOT_FOUND ? mokka_mig_handle_by_uuid(uuid, device) : r;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUIDV(const nvmlUUID_t *uuid, nvmlDevice_t *device) {
@@ -142,6 +144,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleBySerial(const char *serial, nvmlDevice_t
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    MIG_ANSWERS(device, mokka_mig_index(device, index));
     GET_GPU(device, g);
     (void)g;
     if (!index) return NVML_ERROR_INVALID_ARGUMENT;

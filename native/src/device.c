@@ -40,8 +40,18 @@
 
 /* ---- identity ---------------------------------------------------------------------- */
 
-STRING_GETTER(nvmlDeviceGetName, name)
-STRING_GETTER(nvmlDeviceGetUUID, uuid)
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *out, unsigned int length) {
+    MIG_ANSWERS(device, mokka_mig_name(device, out, length));
+    GET_GPU(device, g);
+    return COPY_FIELD(out, length, g->name);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *out, unsigned int length) {
+    MIG_ANSWERS(device, mokka_mig_uuid_of(device, out, length));
+    GET_GPU(device, g);
+    return COPY_FIELD(out, length, g->uuid);
+}
+
 STRING_GETTER(nvmlDeviceGetSerial, serial)
 STRING_GETTER(nvmlDeviceGetBoardPartNumber, board_part_number)
 STRING_GETTER(nvmlDeviceGetVbiosVersion, vbios_version)
@@ -102,12 +112,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetMultiGpuBoard(nvmlDevice_t device, unsigned int
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes) {
+    MIG_ANSWERS(device, mokka_mig_attributes(device, attributes, sizeof *attributes));
     GET_GPU(device, g);
     (void)g;
     NEED(attributes);
     return NVML_ERROR_NOT_SUPPORTED; /* MIG-only on real boards; a full GPU says so */
 }
+/* v1: the layout before memorySizeMB. */
 EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes) {
+    MIG_ANSWERS(device, mokka_mig_attributes(device, attributes, offsetof(nvmlDeviceAttributes_t, memorySizeMB)));
     return nvmlDeviceGetAttributes_v2(device, attributes);
 }
 
@@ -240,9 +253,16 @@ CONSTANT_GETTER(nvmlDeviceGetBusType, nvmlBusType_t, NVML_BUS_TYPE_PCIE)
 /* ---- memory ------------------------------------------------------------------------ */
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    uint64_t total, reserved = 0, used;
+    if (mokka_is_mig_handle(device)) {
+        nvmlReturn_t r = mokka_mig_memory(device, &total, &used);
+        if (r != NVML_SUCCESS) return r;
+        NEED(memory);
+        memory->total = total, memory->used = used, memory->free = total - used;
+        return NVML_SUCCESS;
+    }
     GET_GPU(device, g);
     NEED(memory);
-    uint64_t total, reserved, used;
     MOKKA_READ(g, (total = g->mem_total, reserved = g->mem_reserved, used = g->mem_used));
     /* v1 folds the reserved memory into "used", as the real library does. */
     memory->total = total;
@@ -255,8 +275,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     GET_GPU(device, g);
     NEED(memory);
     if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    uint64_t total, reserved, used;
-    MOKKA_READ(g, (total = g->mem_total, reserved = g->mem_reserved, used = g->mem_used));
+    uint64_t total, reserved = 0, used;
+    if (mokka_is_mig_handle(device)) {
+        nvmlReturn_t r = mokka_mig_memory(device, &total, &used);
+        if (r != NVML_SUCCESS) return r;
+    } else {
+        MOKKA_READ(g, (total = g->mem_total, reserved = g->mem_reserved, used = g->mem_used));
+    }
     memory->total = total;
     memory->reserved = reserved;
     memory->used = used;
@@ -265,6 +290,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1) {
+    MIG_ANSWERS(device, mokka_mig_bar1(device, bar1));
     GET_GPU(device, g);
     NEED(bar1);
     MOKKA_READ(g, (bar1->bar1Total = g->bar1_total, bar1->bar1Used = g->bar1_used));
@@ -534,6 +560,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTargetFanSpeed(nvmlDevice_t device, unsigned in
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *util) {
     GET_GPU(device, g);
     NEED(util);
+    if (mokka_mig_enabled(g)) return NVML_ERROR_NOT_SUPPORTED;
     MOKKA_READ(g, (util->gpu = g->util_gpu, util->memory = g->util_memory));
     return NVML_SUCCESS;
 }
@@ -542,6 +569,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
     EXPORT nvmlReturn_t fn(nvmlDevice_t device, unsigned int *util, unsigned int *period_us) {   \
         GET_GPU(device, g);                                                                      \
         NEED(util && period_us);                                                                 \
+        if (mokka_mig_enabled(g)) return NVML_ERROR_NOT_SUPPORTED;                                \
         MOKKA_READ(g, *util = g->field);                                                            \
         *period_us = 167000;                                                                     \
         return NVML_SUCCESS;                                                                     \
@@ -646,59 +674,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetDefaultEccMode(nvmlDevice_t device, nvmlEnableS
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
-    GET_GPU(device, g);
-    NEED(current && pending);
-    if (!(g->flags & MOKKA_GPU_MIG_CAPABLE)) return NVML_ERROR_NOT_SUPPORTED;
-    MOKKA_READ(g, (*current = g->mig_current, *pending = g->mig_pending));
-    return NVML_SUCCESS;
-}
-
-CONSTANT_GETTER(nvmlDeviceIsMigDeviceHandle, unsigned int, 0)
-
-EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
-    GET_GPU(device, g);
-    NEED(count);
-    if (!(g->flags & MOKKA_GPU_MIG_CAPABLE)) return NVML_ERROR_NOT_SUPPORTED;
-    *count = 0; /* MIG disabled: no MIG devices */
-    return NVML_SUCCESS;
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *mig) {
-    GET_GPU(device, g);
-    (void)g;
-    (void)index;
-    NEED(mig);
-    return NVML_ERROR_NOT_FOUND;
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig, nvmlDevice_t *device) {
-    GET_GPU(mig, g);
-    (void)g;
-    NEED(device);
-    return NVML_ERROR_INVALID_ARGUMENT; /* a full GPU is not a MIG handle */
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
-    GET_GPU(device, g);
-    (void)g;
-    NEED(id);
-    return NVML_ERROR_INVALID_ARGUMENT;
-}
-EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
-    return nvmlDeviceGetGpuInstanceId(device, id);
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profile, nvmlGpuInstance_t *instances,
-                                              unsigned int *count) {
-    GET_GPU(device, g);
-    (void)profile;
-    (void)instances;
-    NEED(count);
-    if (!(g->flags & MOKKA_GPU_MIG_CAPABLE)) return NVML_ERROR_NOT_SUPPORTED;
-    *count = 0;
-    return g->mig_current ? NVML_SUCCESS : NVML_ERROR_INVALID_STATE;
-}
+/* MIG mode, instances and MIG device handles: native/src/mig.c. */
 
 EXPORT nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, nvmlGpuVirtualizationMode_t *mode) {
     GET_GPU(device, g);

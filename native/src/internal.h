@@ -11,6 +11,7 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define MOKKA_HANDLE_MAGIC 0x4d4f4b41u
+#define MOKKA_MIG_HANDLE_MAGIC 0x4d4f4b4du
 
 #ifndef MOKKA_DEFAULT_NVML_VERSION
 #define MOKKA_DEFAULT_NVML_VERSION "12.550.163.01"
@@ -34,6 +35,35 @@ typedef struct {
 extern mokka_ctx_t g_mokka;
 extern int g_mokka_refcount;
 
+/* MIG device handles (native/src/mig.c): one per (GPU as this process numbers it, GI id, CI
+ * id), carrying the parent's slot, so getters that are not MIG-specific answer for the parent. */
+extern struct nvmlDevice_st g_mokka_mig_devices[MOKKA_MAX_GPUS][MOKKA_MIG_MAX_GI_ID + 1][MOKKA_MIG_MAX_CI_ID + 1];
+
+static inline int mokka_is_mig_handle(const void *device) {
+    uintptr_t p = (uintptr_t)device, base = (uintptr_t)g_mokka_mig_devices;
+    return p >= base && p - base < sizeof g_mokka_mig_devices;
+}
+/* The parent of a MIG device handle this process may use (NULL: stale, invisible or not one). */
+const struct nvmlDevice_st *mokka_mig_parent(const void *handle);
+/* Set up MIG handles and which MIG devices this process sees (from nvmlInit). */
+void mokka_mig_reset(void);
+/* What MIG device handles answer themselves; the getters in device.c and core.c defer to these. */
+nvmlReturn_t mokka_mig_name(nvmlDevice_t device, char *name, unsigned int length);
+nvmlReturn_t mokka_mig_uuid_of(nvmlDevice_t device, char *uuid, unsigned int length);
+nvmlReturn_t mokka_mig_index(nvmlDevice_t device, unsigned int *index);
+nvmlReturn_t mokka_mig_memory(nvmlDevice_t device, uint64_t *total, uint64_t *used);
+nvmlReturn_t mokka_mig_bar1(nvmlDevice_t device, nvmlBAR1Memory_t *bar1);
+nvmlReturn_t mokka_mig_attributes(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes, size_t size);
+nvmlReturn_t mokka_mig_handle_by_uuid(const char *uuid, nvmlDevice_t *device);
+/* MIG on: queries NVIDIA documents as unsupported on MIG-enabled GPUs (utilization) say so. */
+static inline int mokka_mig_enabled(const mokka_gpu_t *g) {
+    return (g->flags & MOKKA_GPU_MIG_CAPABLE) && __atomic_load_n(&g->mig_current, __ATOMIC_RELAXED) == 1;
+}
+#define MIG_ANSWERS(device, call)                       \
+    do {                                                \
+        if (mokka_is_mig_handle(device)) return (call); \
+    } while (0)
+
 /* The record behind a handle, in the copy readers use now. */
 static inline const mokka_gpu_t *mokka_handle_gpu(const struct nvmlDevice_st *d) { return mokka_gpu_now(d->slot); }
 
@@ -42,8 +72,10 @@ static inline nvmlReturn_t mokka_device(nvmlDevice_t device, const mokka_gpu_t *
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
     const struct nvmlDevice_st *d = device;
     if (d < g_mokka.devices || d >= g_mokka.devices + g_mokka.visible_count ||
-        ((uintptr_t)d - (uintptr_t)g_mokka.devices) % sizeof *d != 0 || d->magic != MOKKA_HANDLE_MAGIC)
-        return NVML_ERROR_INVALID_ARGUMENT;
+        ((uintptr_t)d - (uintptr_t)g_mokka.devices) % sizeof *d != 0 || d->magic != MOKKA_HANDLE_MAGIC) {
+        d = mokka_is_mig_handle(d) ? mokka_mig_parent(d) : NULL; /* a MIG device: its parent */
+        if (!d) return NVML_ERROR_INVALID_ARGUMENT;
+    }
     const mokka_gpu_t *g = mokka_handle_gpu(d);
     if (__atomic_load_n(&g->flags, __ATOMIC_RELAXED) & MOKKA_GPU_LOST) return NVML_ERROR_GPU_IS_LOST;
     *out = g;

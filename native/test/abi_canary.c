@@ -4,7 +4,9 @@
  * (a write, or a read, past the end kills the process). GPU 0 is expected to carry two
  * processes of each kind (compute, graphics, MPS) and to have NVLinks; event waits need
  * the harness: the program prints "bump" and waits for a line on stdin after the harness
- * recorded a new Xid on GPU 0.
+ * recorded a new Xid on GPU 0. MIG calls run on GPU 1 (no processes: MIG mode switches at once),
+ * after the program enabled MIG there and created a 3g GPU instance (profile ID 9) with a compute
+ * instance: the state it runs against must be writable.
  *
  * Prints one line per call and mode: NAME SIZE MODE rc=N ok|CLOBBERED; exits 1 if any
  * canary was clobbered.   usage: abi_canary LIBNVIDIA-ML */
@@ -25,6 +27,9 @@
 static void *lib;
 static nvmlDevice_t dev;
 static nvmlEventSet_t events;
+static nvmlDevice_t mig_gpu;
+static nvmlGpuInstance_t gi;
+static nvmlComputeInstance_t ci;
 static int failed;
 static char uuid[96], bus_id[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
 
@@ -149,6 +154,25 @@ CALL(pdi, FN(nvmlDeviceGetPdi)(dev, buf))
 CALL(repair, FN(nvmlDeviceGetRepairStatus)(dev, buf))
 CALL(wait_v1, FN(nvmlEventSetWait)(events, buf, 5000))
 CALL(wait_v2, FN(nvmlEventSetWait_v2)(events, buf, 5000))
+CALL(gi_profile_v1, FN(nvmlDeviceGetGpuInstanceProfileInfo)(mig_gpu, NVML_GPU_INSTANCE_PROFILE_3_SLICE, buf))
+CALL(gi_profile_v, FN(nvmlDeviceGetGpuInstanceProfileInfoV)(mig_gpu, NVML_GPU_INSTANCE_PROFILE_3_SLICE, buf))
+CALL(gi_profile_by_id, FN(nvmlDeviceGetGpuInstanceProfileInfoByIdV)(mig_gpu, 9, buf))
+/* v1 wrote into a buffer sized by the profile's instance count: 1 for 1g+me (ID 20), which has
+ * 7 placements; v2 writes as many as *count allows (here all 7). */
+static nvmlReturn_t placements_v1(void *buf) {
+    unsigned n = 1;
+    return FN(nvmlDeviceGetGpuInstancePossiblePlacements)(mig_gpu, 20, buf, &n);
+}
+static nvmlReturn_t placements_v2(void *buf) {
+    unsigned n = 7;
+    return FN(nvmlDeviceGetGpuInstancePossiblePlacements_v2)(mig_gpu, 20, buf, &n);
+}
+CALL(ci_profile_v1, FN(nvmlGpuInstanceGetComputeInstanceProfileInfo)(gi, NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+                                                                     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, buf))
+CALL(ci_profile_v, FN(nvmlGpuInstanceGetComputeInstanceProfileInfoV)(gi, NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+                                                                      NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, buf))
+CALL(ci_info_v1, FN(nvmlComputeInstanceGetInfo)(ci, buf))
+CALL(ci_info_v2, FN(nvmlComputeInstanceGetInfo_v2)(ci, buf))
 CALL(init_v1, FN(nvmlInit)())
 CALL(init_v2, FN(nvmlInit_v2)())
 
@@ -156,6 +180,7 @@ CALL(init_v2, FN(nvmlInit_v2)())
 enum {
     PCI_INFO_LEGACY = 52,          /* busId[16], 5 ids, 4 reserved: v1 and v2 */
     EVENT_DATA_V1 = 24,            /* device, eventType, eventData: before MIG's ids */
+    CI_INFO_V1 = 24,               /* device, gpuInstance, id, profileId: before the placement */
     GRID_FEATURES_COMMON = 8,      /* isGridLicenseSupported, licensableFeaturesCount: what
                                       v1..v3 share (their feature records are smaller) */
 };
@@ -223,6 +248,31 @@ int main(int argc, char **argv) {
     both("nvmlDeviceGetAddressingMode", sizeof(nvmlDeviceAddressingMode_v1_t), nvmlDeviceAddressingMode_v1, addressing);
     both("nvmlDeviceGetPdi", sizeof(nvmlPdi_v1_t), nvmlPdi_v1, pdi);
     both("nvmlDeviceGetRepairStatus", sizeof(nvmlRepairStatus_v1_t), nvmlRepairStatus_v1, repair);
+
+    nvmlReturn_t activation;
+    if (FN(nvmlDeviceGetHandleByIndex_v2)(1, &mig_gpu) != NVML_SUCCESS ||
+        FN(nvmlDeviceSetMigMode)(mig_gpu, NVML_DEVICE_MIG_ENABLE, &activation) != NVML_SUCCESS || activation ||
+        FN(nvmlDeviceCreateGpuInstance)(mig_gpu, 9, &gi) != NVML_SUCCESS ||
+        FN(nvmlGpuInstanceCreateComputeInstance)(gi, NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, &ci) != NVML_SUCCESS)
+        return fprintf(stderr, "cannot set up a MIG instance on GPU 1\n"), 2;
+    both("nvmlDeviceGetGpuInstanceProfileInfo", sizeof(nvmlGpuInstanceProfileInfo_t), 0, gi_profile_v1);
+    both("nvmlDeviceGetGpuInstanceProfileInfoV(v2)", sizeof(nvmlGpuInstanceProfileInfo_v2_t),
+         nvmlGpuInstanceProfileInfo_v2, gi_profile_v);
+    both("nvmlDeviceGetGpuInstanceProfileInfoV(v3)", sizeof(nvmlGpuInstanceProfileInfo_v3_t),
+         nvmlGpuInstanceProfileInfo_v3, gi_profile_v);
+    both("nvmlDeviceGetGpuInstanceProfileInfoByIdV(v2)", sizeof(nvmlGpuInstanceProfileInfo_v2_t),
+         nvmlGpuInstanceProfileInfo_v2, gi_profile_by_id);
+    both("nvmlDeviceGetGpuInstanceProfileInfoByIdV(v3)", sizeof(nvmlGpuInstanceProfileInfo_v3_t),
+         nvmlGpuInstanceProfileInfo_v3, gi_profile_by_id);
+    both("nvmlDeviceGetGpuInstancePossiblePlacements", sizeof(nvmlGpuInstancePlacement_t), 0, placements_v1);
+    both("nvmlDeviceGetGpuInstancePossiblePlacements_v2", 7 * sizeof(nvmlGpuInstancePlacement_t), 0, placements_v2);
+    both("nvmlGpuInstanceGetComputeInstanceProfileInfo", sizeof(nvmlComputeInstanceProfileInfo_t), 0, ci_profile_v1);
+    both("nvmlGpuInstanceGetComputeInstanceProfileInfoV(v2)", sizeof(nvmlComputeInstanceProfileInfo_v2_t),
+         nvmlComputeInstanceProfileInfo_v2, ci_profile_v);
+    both("nvmlGpuInstanceGetComputeInstanceProfileInfoV(v3)", sizeof(nvmlComputeInstanceProfileInfo_v3_t),
+         nvmlComputeInstanceProfileInfo_v3, ci_profile_v);
+    both("nvmlComputeInstanceGetInfo", CI_INFO_V1, 0, ci_info_v1);
+    both("nvmlComputeInstanceGetInfo_v2", sizeof(nvmlComputeInstanceInfo_t), 0, ci_info_v2);
 
     if (FN(nvmlEventSetCreate)(&events) != NVML_SUCCESS ||
         FN(nvmlDeviceRegisterEvents)(dev, nvmlEventTypeXidCriticalError, events) != NVML_SUCCESS)
