@@ -127,8 +127,14 @@ def read(path: Path) -> list[GpuMig]:
     one), from the copy readers use now."""
     from . import state
 
-    region = state.read(path)
-    state.check(region, str(path))
+    return read_region(state.read(path), str(path))
+
+
+def read_region(region: bytes, source: str = "state") -> list[GpuMig]:
+    """:func:`read` for a state region in memory."""
+    from . import state
+
+    state.check(region, source)
     f = state.ffi()
     raw = f.from_buffer(region)
     h = f.cast("mokka_header_t *", raw)

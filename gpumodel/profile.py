@@ -524,17 +524,28 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
+def _located(err: Any) -> tuple[str, str]:
+    """(field path, message) of a pydantic error. A model-level check names the field it found
+    wrong at the start of its message ("mig.instances.1: ..."): that joins the path."""
     where = ".".join(str(p) for p in err["loc"])
-    return f"{where}: {err['msg']}"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    while True:
+        head, sep, rest = msg.partition(": ")
+        if not (sep and head and all(part.isidentifier() or part.isdigit() for part in head.split("."))):
+            return where, msg
+        where, msg = (f"{where}.{head}" if where else head), rest.removeprefix("Value error, ")
+
+
+def _first_error(exc: ValidationError) -> str:
+    where, msg = _located(exc.errors()[0])
+    return f"{where}: {msg}" if where else msg
 
 
 def format_errors(exc: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid profile ({exc.error_count()} problem{'s' if exc.error_count() > 1 else ''})"]
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"  {where}: {err['msg']}")
+        where, msg = _located(err)
+        lines.append(f"  {where or '(top level)'}: {msg}")
     return "\n".join(lines)
 
 
