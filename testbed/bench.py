@@ -7,6 +7,8 @@ Figures (medians over repeated runs, never asserted in tests):
   * wall time and peak RSS of `nvidia-smi -q -x` with the mock, against nvidia-smi with
     no NVML library at all (it exits at once: the floor of its own start-up cost)
   * the library's size on disk
+  * MIG: ns per nvmlDeviceGetMigDeviceHandleByIndex and per nvmlDeviceGetMemoryInfo on a MIG
+    device, and the cost of creating and destroying a GPU instance with its compute instance
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
         init_us = statistics.median(i["init_us"] for i in inits)
         load_us = statistics.median(i["load_us"] for i in inits)
         size_mb = library_path().stat().st_size / 1e6
+        mig_out = mig_figures(exe, profile, Path(tmp), calls, env)
 
         print(f"{'figure':<44}{'mock':>12}{'target':>12}{'ratio':>9}")
         rows = [
@@ -107,6 +110,12 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
             ("dlopen of the library (us)", load_us, None),
             ("library size (MB)", size_mb, TARGETS["library_mb"]),
         ]
+        if mig_out:
+            rows += [
+                ("nvmlDeviceGetMigDeviceHandleByIndex (ns/call)", mig_out["mig_handle_ns"], TARGETS["call_ns"]),
+                ("nvmlDeviceGetMemoryInfo, MIG device (ns/call)", mig_out["mig_memory_ns"], TARGETS["call_ns"]),
+                ("create + destroy a GI and its CI (us)", mig_out["create_destroy_us"], None),
+            ]
         for name, value, target in rows:
             ratio = f"{value / target:.2f}" if target else ""
             missed = "  MISSED" if target and value > target else ""
@@ -125,6 +134,32 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
         for mode in (["-q", "-x"], ["-L"]):
             smi_rows(exe, smi_path, mode, env, root.libdir, empty, rounds)
         print(f"target: peak RSS overhead <= {TARGETS['rss_overhead_mb']} MB")
+
+
+def mig_figures(exe: Path, profile: Profile, tmp: Path, calls: int, env: dict[str, str]) -> dict[str, float] | None:
+    """The MIG figures (medians of 7 runs), on a copy of the profile with MIG on GPU 0 and a 3g
+    instance (None: the board has no MIG table)."""
+    from gpumodel import mig_state
+
+    data = profile.model_dump(mode="json")
+    data["gpus"] = {**data.get("gpus", {}), "0": {"mig": {"mode": True, "instances": [{"profile": 9}]}}}
+    try:
+        with_mig = Profile.model_validate(data)
+    except ValueError:
+        return None
+    if mig_state.board_of(with_mig.devices()[0].spec) is None:
+        return None
+    root = driver_root.stage(with_mig, tmp / "mig-root")
+    lib = str(root.libdir / "libnvidia-ml.so.1")
+    runs = [
+        _kv(
+            subprocess.run(
+                [str(exe), lib, "mig", str(calls)], env=env, check=True, capture_output=True, text=True
+            ).stdout
+        )
+        for _ in range(7)
+    ]
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
 
 def smi_rows(

@@ -28,6 +28,9 @@ def test_bench_nvml_prints_every_figure() -> None:
         "nvidia-smi -q -x",
         "nvidia-smi -L",
         "peak RSS (MiB)",
+        "nvmlDeviceGetMigDeviceHandleByIndex (ns/call)",
+        "nvmlDeviceGetMemoryInfo, MIG device (ns/call)",
+        "create + destroy a GI and its CI (us)",
     ):
         assert figure in out
 

@@ -5,6 +5,7 @@ handles, the errors real boards give, and who may change the layout."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import Staged
 
-from gpumodel import mig, mig_state
+from gpumodel import mig, mig_state, state
 
 pytestmark = pytest.mark.consumers
 
@@ -217,7 +218,6 @@ def test_a_busy_gpu_keeps_mig_pending(stage_mig: Callable[..., Staged]) -> None:
     """With processes on the GPU the driver cannot reset it: SetMigMode succeeds, the activation
     status says In use, the mode stays pending (nvidia-smi's "pending enable state" warning)."""
     staged = stage_mig("h100", 1)
-    from gpumodel import state
 
     def busy(node: object, gpus: object) -> None:
         g = gpus[0]  # type: ignore[index]
@@ -307,3 +307,33 @@ print(0)
     gpu = mig_state.read(staged.root.library)[0]
     assert [d.gi for d in gpu.devices] == list(range(7, 14))
     assert [d.uuid for d in gpu.devices] == [mig.mig_uuid(gpu.uuid, d.gi, 19, 0, 0) for d in gpu.devices]
+
+
+def test_a_change_through_nvml_repairs_a_torn_copy(stage_mig: Callable[..., Staged]) -> None:
+    """NVML writes only the records it changed when both copies agree; where a killed writer
+    left the copy readers are not on torn, it rewrites both copies whole, as the Python writer
+    does (the latch of mokka_state.h)."""
+    staged = stage_mig("h100", 2, mode=True)
+    path = staged.root.library
+    fd = os.open(path, os.O_RDWR)
+    try:
+        offset, _ = state.locate(fd, str(path))
+        f = state.ffi()
+        copy = f.sizeof("mokka_node_t") + 2 * f.sizeof("mokka_gpu_t")
+        gpu1_name = offset + f.sizeof("mokka_header_t") + copy + f.sizeof("mokka_node_t") + f.sizeof("mokka_gpu_t")
+        os.pwrite(fd, b"torn" * 8, gpu1_name)  # copy 1, GPU 1: torn while readers use copy 0
+    finally:
+        os.close(fd)
+    out = py(
+        staged,
+        """
+h = N.nvmlDeviceGetHandleByIndex(0)
+N.nvmlDeviceCreateGpuInstance(h, 0)
+name = N.nvmlDeviceGetName(N.nvmlDeviceGetHandleByIndex(1))
+print(json.dumps([name, N.nvmlDeviceGetGpuInstanceRemainingCapacity(h, 0)]))
+""",
+    )
+    assert out == [staged.profile.gpu.name, 0]
+    region = state.read(path)
+    hsize = state.ffi().sizeof("mokka_header_t")
+    assert region[hsize : hsize + copy] == region[hsize + copy : hsize + 2 * copy]

@@ -57,4 +57,34 @@ static inline void mokka_latch_publish(void *region, const void *live) {
     __atomic_thread_fence(__ATOMIC_RELEASE);
 }
 
+/* The same as mokka_latch_publish where `live` differs from what readers see in a few records
+ * only: when the counter is at rest and both copies are equal (no writer died midway), only the
+ * records (and node section) that changed are written, copy 1 first, then copy 0, with the same
+ * counter steps; otherwise the whole copies are written. Each page written through a shared file
+ * mapping costs a fault, so a change to one GPU writes one record's pages, not every GPU's. */
+static inline void mokka_latch_publish_changes(void *region, const void *live) {
+    mokka_header_t *h = region;
+    uint64_t size = mokka_latch_copy_size(h);
+    char *copy0 = (char *)region + sizeof(mokka_header_t), *copy1 = copy0 + size;
+    uint32_t s = __atomic_load_n(&h->seq, __ATOMIC_RELAXED);
+    if ((s & 1) || memcmp(copy0, copy1, size) != 0) {
+        mokka_latch_publish(region, live);
+        return;
+    }
+    const char *in = live;
+    for (int pass = 0; pass < 2; pass++) {
+        char *target = pass == 0 ? copy1 : copy0; /* seq even: readers on copy 0, then on copy 1 */
+        uint64_t off = 0;
+        for (uint32_t i = 0; i <= h->gpu_count; i++) {
+            uint64_t len = i == 0 ? h->node_size : h->gpu_size;
+            const char *now = (pass == 0 ? copy0 : copy1) + off; /* what the other copy held */
+            if (pass == 0 ? memcmp(in + off, now, len) != 0 : memcmp(in + off, target + off, len) != 0)
+                memcpy(target + off, in + off, len);
+            off += len;
+        }
+        __atomic_store_n(&h->seq, ++s, __ATOMIC_RELEASE);
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+    }
+}
+
 #endif

@@ -39,23 +39,24 @@ int mokka_state_change(mokka_change_fn change, void *ctx) {
         if (errno != EINTR) goto out;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || mokka_find_region(fd, (uint64_t)st.st_size, &offset, &size))
         goto out;
-    void *map = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+    /* MAP_POPULATE: the whole region is read and written, so fault its pages in at once */
+    void *map = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, (off_t)offset);
     if (map == MAP_FAILED) goto out;
     mokka_header_t *h = map;
     if (mokka_latch_region_ok(h, size)) {
         uint64_t copy = mokka_latch_copy_size(h);
-        char *live = malloc(copy);
-        if (live) {
+        char *live = mmap(NULL, (size_t)copy, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        if (live != MAP_FAILED) {
             const char *stable = (const char *)map + sizeof(mokka_header_t) + (uint64_t)mokka_latch_stable_copy(h) * copy;
             memcpy(live, stable, copy);
             mokka_node_t *node = (mokka_node_t *)live;
             rc = change(node, (mokka_gpu_t *)(live + sizeof(mokka_node_t)), h->gpu_count, ctx);
             if (rc == 0) {
                 node->generation++;
-                mokka_latch_publish(map, live);
+                mokka_latch_publish_changes(map, live);
                 rc = MOKKA_WRITE_OK;
             }
-            free(live);
+            munmap(live, (size_t)copy);
         }
     }
     munmap(map, (size_t)size);

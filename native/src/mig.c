@@ -250,8 +250,8 @@ static nvmlReturn_t compute_instance(nvmlComputeInstance_t handle, where_t *w, c
     return NVML_SUCCESS;
 }
 
-/* A MIG device handle this process may use (its instance still exists and is visible). */
-static nvmlReturn_t mig_device(nvmlDevice_t handle, where_t *w, const mokka_gpu_t **out) {
+/* Where a MIG device handle points (no state read). */
+static nvmlReturn_t decode_mig(const void *handle, where_t *w) {
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
     size_t pos;
     if (!decode(handle, g_mokka_mig_devices, sizeof ***g_mokka_mig_devices, GI_IDS * CI_IDS,
@@ -261,10 +261,32 @@ static nvmlReturn_t mig_device(nvmlDevice_t handle, where_t *w, const mokka_gpu_
     w->gi = (unsigned)(pos / CI_IDS % GI_IDS);
     w->ci = (unsigned)(pos % CI_IDS);
     w->parent = &g_mokka.devices[w->v];
+    return NVML_SUCCESS;
+}
+
+/* The GI and CI records of a MIG device in record `g` (a consistent copy), if it exists and
+ * this process sees it. */
+static int locate(const mokka_gpu_t *g, const where_t *w, const mokka_gi_t **gi, const mokka_ci_t **ci) {
+    if (!mig_on(g)) return 0;
+    int i = gi_pos(&g->mig, w->gi);
+    if (i < 0) return 0;
+    int j = ci_pos(&g->mig.gis[i], w->ci);
+    if (j < 0) return 0;
+    *gi = &g->mig.gis[i];
+    *ci = &g->mig.gis[i].ci[j];
+    return !(g_view.by_list || g_view.by_caps) || sees(g, w->parent->slot, *gi, *ci);
+}
+
+/* A MIG device handle this process may use (its instance still exists and is visible). */
+static nvmlReturn_t mig_device(nvmlDevice_t handle, where_t *w, const mokka_gpu_t **out) {
+    nvmlReturn_t r = decode_mig(handle, w);
+    if (r != NVML_SUCCESS) return r;
     const mokka_gpu_t *g = mokka_handle_gpu(w->parent);
-    int index;
-    MOKKA_READ(g, index = device_index(g, w->parent->slot, w->gi, w->ci));
-    if (index < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    const mokka_gi_t *gi;
+    const mokka_ci_t *ci;
+    int found;
+    MOKKA_READ(g, found = locate(g, w, &gi, &ci));
+    if (!found) return NVML_ERROR_INVALID_ARGUMENT;
     if (g->flags & MOKKA_GPU_LOST) return NVML_ERROR_GPU_IS_LOST;
     *out = g;
     return NVML_SUCCESS;
@@ -1178,13 +1200,24 @@ nvmlReturn_t mokka_mig_index(nvmlDevice_t device, unsigned int *index) {
     return NVML_SUCCESS;
 }
 
-/* Memory: the GI's; all of it free (no process runs in a mock MIG device). */
+/* Memory: the GI's; all of it free (no process runs in a mock MIG device). One pass over the
+ * state: this getter is as hot as a GPU's. */
 nvmlReturn_t mokka_mig_memory(nvmlDevice_t device, uint64_t *total, uint64_t *used) {
     where_t w;
-    mig_facts_t f;
-    nvmlReturn_t r = facts(device, &w, NULL, &f);
+    nvmlReturn_t r = decode_mig(device, &w);
     if (r != NVML_SUCCESS) return r;
-    *total = f.gp.memory_mib * 1024 * 1024;
+    const mokka_gpu_t *g = mokka_handle_gpu(w.parent);
+    const mokka_gi_t *gi;
+    const mokka_ci_t *ci;
+    uint64_t mib = 0;
+    int found;
+    MOKKA_READ(g, {
+        found = locate(g, &w, &gi, &ci);
+        if (found) mib = gi_profile(&g->mig, gi)->memory_mib;
+    });
+    if (!found) return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->flags & MOKKA_GPU_LOST) return NVML_ERROR_GPU_IS_LOST;
+    *total = mib * 1024 * 1024;
     *used = 0;
     return NVML_SUCCESS;
 }
