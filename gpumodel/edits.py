@@ -67,6 +67,16 @@ def gpu_node(layout: NodeLayout, gpu: GpuNode) -> DeviceNode:
     return DeviceNode(f"/dev/nvidia{gpu.minor}", layout.gpu_major, gpu.minor, f"{layout.dev_root}/nvidia{gpu.minor}")
 
 
+def mig_cap_node(layout: NodeLayout, minor: int) -> DeviceNode:
+    """``/dev/nvidia-caps/nvidia-cap<minor>``: a MIG capability (config 1 is root's alone, the
+    rest read-only for all, as the driver's DeviceFileMode says)."""
+    assert layout.caps_major is not None
+    name = f"nvidia-caps/nvidia-cap{minor}"
+    return DeviceNode(
+        f"/dev/{name}", layout.caps_major, minor, f"{layout.dev_root}/{name}", file_mode=0o400 if minor == 1 else 0o444
+    )
+
+
 def libdir_in_container(layout: NodeLayout) -> str:
     """The library directory of the node's architecture inside a container."""
     return LIBDIRS_IN_CONTAINER[layout.machine]

@@ -467,6 +467,17 @@ def cap_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
     return base if ci is None else base + 1 + ci
 
 
+def instance_ids(board: Board) -> list[tuple[int, int | None]]:
+    """Every (GI id, CI id or None for the GI itself) an instance on ``board`` can get: the
+    capabilities whose /dev/nvidia-caps nodes a node needs (a GI of g slices holds CIs 0..g-1)."""
+    cis: dict[int, int] = {}
+    for p in board.profiles:
+        for start in p.placements:
+            gi = gi_id(p, start)
+            cis[gi] = max(cis.get(gi, 0), p.slices)
+    return [(gi, ci) for gi in sorted(cis) for ci in (None, *range(cis[gi]))]
+
+
 def mig_minors_text() -> str:
     """``/proc/driver/nvidia-caps/mig-minors``: every capability the driver could hand out."""
     lines = ["config 1", "monitor 2"]

@@ -5,9 +5,10 @@ nvidiactl 255) and asks the kernel for a *dynamic* major for nvidia-uvm. The ker
 those out from 254 down to 234, then from 511 down to 384 (``find_dynamic_major`` in
 fs/char_dev.c; a slot in the first range counts as taken when any registered major lands
 on it modulo 255), so "real" numbers take the uvm major the host would give a new driver
-now, read from ``/proc/devices``. On a node where a real NVIDIA driver is loaded Mokka
-must not hand out its numbers: "safe" uses majors of Linux's local/experimental range
-(devices.txt: 120-127), which no driver allocates.
+now, read from ``/proc/devices``. The MIG capability nodes (``/dev/nvidia-caps``) have a
+dynamic major of their own (nvidia-caps; the next one after nvidia-uvm's). On a node where a
+real NVIDIA driver is loaded Mokka must not hand out its numbers: "safe" uses majors of Linux's
+local/experimental range (devices.txt: 120-127), which no driver allocates.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 GPU_MAJOR = 195
 SAFE_GPU_MAJOR = 120
 SAFE_UVM_MAJOR = 121
+SAFE_CAPS_MAJOR = 122
 DYNAMIC_RANGES = (range(254, 233, -1), range(511, 383, -1))
 HASH_SLOTS = 255  # CHRDEV_MAJOR_HASH_SIZE
 
@@ -31,6 +33,7 @@ class Majors:
     gpu: int
     uvm: int
     mode: str  # "real" | "safe"
+    caps: int = SAFE_CAPS_MAJOR  # nvidia-caps: MIG capability nodes
 
 
 def char_majors(proc_devices: Path) -> dict[int, str]:
@@ -52,7 +55,7 @@ def char_majors(proc_devices: Path) -> dict[int, str]:
 
 
 def real_driver_loaded(majors: dict[int, str]) -> bool:
-    return any(name in ("nvidia", "nvidia-frontend", "nvidia-uvm") for name in majors.values())
+    return any(name in ("nvidia", "nvidia-frontend", "nvidia-uvm", "nvidia-caps") for name in majors.values())
 
 
 def next_dynamic_major(taken: set[int]) -> int:
@@ -74,4 +77,5 @@ def choose(mode: str, proc_devices: Path = Path("/proc/devices")) -> Majors:
     registered = char_majors(proc_devices)
     if mode == "auto" and real_driver_loaded(registered):
         return Majors(SAFE_GPU_MAJOR, SAFE_UVM_MAJOR, "safe")
-    return Majors(GPU_MAJOR, next_dynamic_major(set(registered)), "real")
+    uvm = next_dynamic_major(set(registered))
+    return Majors(GPU_MAJOR, uvm, "real", next_dynamic_major(set(registered) | {uvm}))

@@ -15,6 +15,7 @@ Layout under ROOT (default /var/lib/mokka)::
     driver/usr/lib64/libcuda.so.<ver> (+ .so.1, .so)        the mock CUDA driver API
     driver/usr/bin/nvidia-smi                                the nvidia-smi binary given
     dev/nvidia0..N-1, nvidiactl, nvidia-uvm, ...             device nodes
+    dev/nvidia-caps/nvidia-cap<N>                            MIG capabilities (MIG-capable GPUs)
     proc/driver/nvidia/..., proc/modules                     driver's procfs files
     sys/...                                                  PCI sysfs tree, /sys/module/nvidia
     lib/libmokka-sysfs.so                                    LD_PRELOAD redirect for C tools
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpumodel import driver_root, edits, nodelayout, state
+from gpumodel import driver_root, edits, mig, mig_state, nodelayout, state
 from gpumodel.native import NativeMissing, library_path
 from gpumodel.profile import Profile
 
@@ -119,6 +120,7 @@ def plan(profile: Profile, options: Options) -> Plan:
     except NativeMissing:
         shim = None
     devices = profile.devices()
+    mig_boards = {d.index: b for d in devices if (b := mig_state.board_of(d.spec)) is not None}  # minor = index
     version = profile.driver.version
     libdir = root / "driver" / "usr" / "lib64"
     layout = nodelayout.NodeLayout(
@@ -135,6 +137,7 @@ def plan(profile: Profile, options: Options) -> Plan:
         sysfs_shim=str(root / "lib" / "libmokka-sysfs.so") if shim else None,
         cuda_library=str(libdir / f"libcuda.so.{version}"),
         machine=machine,
+        caps_major=numbers.caps if mig_boards else None,
     )
     p = Plan(profile, options, layout)
 
@@ -174,6 +177,23 @@ def plan(profile: Profile, options: Options) -> Plan:
             nodes,
         )
     )
+
+    if mig_boards:
+        caps = [1, 2] + [
+            mig.cap_minor(minor, gi, ci) for minor, board in mig_boards.items() for gi, ci in mig.instance_ids(board)
+        ]
+
+        def cap_nodes(j: Journal) -> None:
+            wanted = [edits.mig_cap_node(layout, minor) for minor in caps]
+            j.mknods((Path(n.host_path), n.major, n.minor, n.file_mode) for n in wanted)
+
+        p.steps.append(
+            Step(
+                f"MIG capability nodes under {layout.dev_root}/nvidia-caps: config, monitor and every GPU and "
+                f"compute instance the {len(mig_boards)} MIG-capable GPU(s) can hold (major {numbers.caps})",
+                cap_nodes,
+            )
+        )
 
     tree, empty = sysfs.files(profile), sysfs.directories(profile)
 

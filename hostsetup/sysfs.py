@@ -7,7 +7,9 @@
     root/sys/bus/pci/devices/<bus id>  -> ../../../devices/pci<DDDD>:<BB>/<bus id>
     root/sys/bus/pci/drivers/nvidia/   bound devices, bind/unbind, module link
     root/sys/module/nvidia{,_uvm,_modeset,_drm}/           version, initstate, taint, refcnt
-    root/proc/driver/nvidia/           version, params, registry, capabilities/, gpus/<bus id>/information
+    root/proc/driver/nvidia/           version, params, registry, capabilities/ (MIG: config, monitor,
+                                       the access files of declared instances), gpus/<bus id>/information
+    root/proc/driver/nvidia-caps/mig-minors   every MIG capability minor, as the driver lists them
     root/proc/modules                  the four nvidia modules as /proc/modules lines
     root/sys/class/dmi/id/             the machine's DMI names (GFD's ``nvidia.com/gpu.machine``)
 
@@ -29,7 +31,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpumodel import state
+from gpumodel import mig, mig_state, state
 from gpumodel.profile import Device, Profile, parse_bus_id
 from gpumodel.state import _cpu_mask
 
@@ -461,6 +463,15 @@ def files(profile: Profile) -> dict[Path, bytes | Link]:
     text(proc / "registry", 'Binary: ""\n')
     text(proc / "capabilities/mig/config", "DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
     text(proc / "capabilities/mig/monitor", "DeviceFileMinor: 2\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    # MIG: every capability the driver could hand out (what the device plugin and the container
+    # toolkit read), and the access files of the GPU and compute instances the profile declares
+    text("proc/driver/nvidia-caps/mig-minors", mig.mig_minors_text())
+    for d in devices:
+        caps = proc / "capabilities" / f"gpu{d.index}" / "mig"
+        for gi in mig_state.initial_layout(d.spec):
+            text(caps / f"gi{gi.id}" / "access", cap_file(mig.cap_minor(d.index, gi.id)))
+            for ci in gi.compute:
+                text(caps / f"gi{gi.id}" / f"ci{ci.id}" / "access", cap_file(mig.cap_minor(d.index, gi.id, ci.id)))
     text("proc/modules", proc_modules())
     out.update(nvswitch_files(profile))
     return out
@@ -515,6 +526,11 @@ def nvswitch_files(profile: Profile) -> dict[Path, bytes | Link]:
         bus_link = Path("sys/bus/pci/devices") / name.slot
         out[bus_link] = Link(rel_path(base, bus_link))
     return out
+
+
+def cap_file(minor: int) -> str:
+    """A capability's procfs file: the device minor and the mode of its /dev/nvidia-caps node."""
+    return f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
 
 
 def rel_path(target: Path, link: Path) -> str:
