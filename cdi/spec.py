@@ -2,7 +2,10 @@
 
 The spec only *renders* :mod:`gpumodel.edits`: spec-level ``containerEdits`` are
 ``common_edits(layout)``; each device (``"0"``, ``"1"``, ..., each GPU's UUID, ``"all"``)
-carries just its ``/dev/nvidiaN`` node(s). A runtime injecting some of these devices merges
+carries just its ``/dev/nvidiaN`` node(s). MIG follows the current layout as ``nvidia-ctk cdi
+generate`` does on a real node: a GPU with MIG on is not a device of its own; each MIG device is,
+as ``"<gpu>:<mig>"`` and by its ``MIG-…`` UUID, with its parent's node and its two capability
+nodes; ``all`` holds the GPUs without MIG and every MIG device. A runtime injecting some of these devices merges
 spec-level edits once with the edits of each device (``resolve`` below does the same), which
 gives exactly ``container_edits(layout, gpus)`` without ``NVIDIA_VISIBLE_DEVICES``: the mock
 library shows a container the GPUs whose ``/dev/nvidiaN`` exist, so the nodes alone select them.
@@ -23,6 +26,7 @@ from typing import Any
 
 from gpumodel import atomic
 from gpumodel.edits import ContainerEdits, DeviceNode, Mount, common_edits, container_edits
+from gpumodel.mig_state import GpuMig, MigDevice
 from gpumodel.nodelayout import GpuNode, NodeLayout
 
 __all__ = [
@@ -112,12 +116,13 @@ def _edits(edits: ContainerEdits) -> Json:
     return out
 
 
-def device_edits(layout: NodeLayout, gpus: Sequence[GpuNode]) -> ContainerEdits:
-    """What ``gpus`` add on top of the spec-level edits: ``container_edits`` minus ``common_edits``.
+def device_edits(layout: NodeLayout, gpus: Sequence[GpuNode], mig: Sequence[MigDevice] = ()) -> ContainerEdits:
+    """What ``gpus`` (and MIG devices) add on top of the spec-level edits: ``container_edits``
+    minus ``common_edits``.
 
     ``NVIDIA_VISIBLE_DEVICES`` is left out: the device nodes select the GPUs (see the module doc).
     """
-    full, common = container_edits(layout, gpus), common_edits(layout)
+    full, common = container_edits(layout, gpus, mig), common_edits(layout)
     return ContainerEdits(
         env=tuple(e for e in full.env if e not in common.env and not e.startswith(f"{VISIBLE}=")),
         device_nodes=tuple(n for n in full.device_nodes if n not in common.device_nodes),
@@ -125,16 +130,26 @@ def device_edits(layout: NodeLayout, gpus: Sequence[GpuNode]) -> ContainerEdits:
     )
 
 
-def render(layout: NodeLayout, *, kind: str = DEFAULT_KIND) -> Json:
-    """The CDI spec for ``layout``: devices by index, by UUID and ``all``; pure."""
+def render(layout: NodeLayout, *, kind: str = DEFAULT_KIND, mig: Sequence[GpuMig] = ()) -> Json:
+    """The CDI spec for ``layout`` (and the MIG state ``mig``, from ``gpumodel.mig_state.read``):
+    devices by index, by UUID and ``all``; pure."""
     split_kind(kind)
     if not layout.gpus:
         raise CdiError(f"node layout {layout.root!r} has no GPUs: nothing to put in a CDI spec")
-    devices: list[Json] = [
-        {"name": str(g.index), "containerEdits": _edits(device_edits(layout, [g]))} for g in layout.gpus
-    ]
-    devices += [{"name": g.uuid, "containerEdits": _edits(device_edits(layout, [g]))} for g in layout.gpus]
-    devices.append({"name": ALL, "containerEdits": _edits(device_edits(layout, layout.gpus))})
+    if mig and layout.caps_major is None:
+        raise CdiError(f"node layout {layout.root!r} has no MIG capability nodes: run `mokka host setup` again")
+    by_gpu = {g.gpu: g for g in mig if g.current}
+    whole = [g for g in layout.gpus if g.index not in by_gpu]
+    slices = [d for g in layout.gpus if g.index in by_gpu for d in by_gpu[g.index].devices]
+    named: list[tuple[str, str, ContainerEdits]] = []  # (index name, UUID, edits), in GPU order
+    for g in layout.gpus:
+        if g.index in by_gpu:
+            named += [(f"{d.gpu}:{d.index}", d.uuid, device_edits(layout, [], [d])) for d in by_gpu[g.index].devices]
+        else:
+            named.append((str(g.index), g.uuid, device_edits(layout, [g])))
+    devices: list[Json] = [{"name": n, "containerEdits": _edits(e)} for n, _, e in named]
+    devices += [{"name": u, "containerEdits": _edits(e)} for _, u, e in named]
+    devices.append({"name": ALL, "containerEdits": _edits(device_edits(layout, whole, slices))})
     names = [d["name"] for d in devices]
     if dupes := sorted({n for n in names if names.count(n) > 1}):
         raise CdiError(f"GPU names collide in the CDI spec: {', '.join(dupes)}")

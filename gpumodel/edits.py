@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .mig_state import MigDevice
 from .nodelayout import GpuNode, NodeLayout
 
 READ_ONLY = ("ro", "nosuid", "nodev", "bind")
@@ -110,12 +111,29 @@ def common_edits(layout: NodeLayout) -> ContainerEdits:
     return ContainerEdits(env=tuple(env), device_nodes=tuple(control_nodes(layout)), mounts=tuple(mounts))
 
 
-def container_edits(layout: NodeLayout, gpus: Sequence[GpuNode]) -> ContainerEdits:
-    """Everything a container needs to see exactly ``gpus``."""
+def mig_device_nodes(layout: NodeLayout, device: MigDevice) -> tuple[DeviceNode, ...]:
+    """A MIG device's nodes, as the device plugin and the container toolkit hand them out: its
+    parent's ``/dev/nvidiaN`` and the capabilities of its GPU and compute instance."""
+    parent = next(g for g in layout.gpus if g.index == device.gpu)
+    return (
+        gpu_node(layout, parent),
+        mig_cap_node(layout, device.gi_cap_minor),
+        mig_cap_node(layout, device.ci_cap_minor),
+    )
+
+
+def container_edits(
+    layout: NodeLayout, gpus: Sequence[GpuNode], mig_devices: Sequence[MigDevice] = ()
+) -> ContainerEdits:
+    """Everything a container needs to see exactly ``gpus`` and ``mig_devices``."""
     common = common_edits(layout)
-    visible = ",".join(g.uuid for g in gpus) if gpus else "void"
+    names = [g.uuid for g in gpus] + [d.uuid for d in mig_devices]
+    visible = ",".join(names) if names else "void"
+    nodes = [gpu_node(layout, g) for g in gpus]
+    for d in mig_devices:
+        nodes += [n for n in mig_device_nodes(layout, d) if n not in nodes]
     return ContainerEdits(
         env=(f"NVIDIA_VISIBLE_DEVICES={visible}", *common.env),
-        device_nodes=tuple(gpu_node(layout, g) for g in gpus) + common.device_nodes,
+        device_nodes=tuple(nodes) + common.device_nodes,
         mounts=common.mounts,
     )

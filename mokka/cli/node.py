@@ -285,7 +285,8 @@ def cdi() -> None:
 )
 @click.option("--stdout", "to_stdout", is_flag=True, help="Print the spec instead of writing it.")
 def cdi_generate(root: Path, out_dir: Path, kind: str, validate: bool, to_stdout: bool) -> None:
-    """Write the CDI spec: devices by index, by UUID and `all`, edits from the node layout."""
+    """Write the CDI spec: devices by index, by UUID and `all`, edits from the node layout (MIG
+    devices as `<gpu>:<mig>` and by MIG UUID, as the MIG layout stands now)."""
     import cdi as cdi_pkg
     from gpumodel import nodelayout
     from testbed import cdi_schema
@@ -296,8 +297,16 @@ def cdi_generate(root: Path, out_dir: Path, kind: str, validate: bool, to_stdout
         fail(f"{root}/node.json not found: run `mokka host setup --root {root}` first")
     except nodelayout.LayoutError as exc:
         fail(f"{exc}; run `mokka host setup --root {root}` again")
+    mig = []
+    if layout.caps_major is not None:  # MIG-capable GPUs: follow the layout the state holds now
+        from gpumodel import mig_state, state
+
+        try:
+            mig = mig_state.read(Path(layout.state))
+        except (OSError, state.StateError) as exc:
+            fail(f"cannot read the MIG layout from {layout.state}: {getattr(exc, 'strerror', None) or exc}")
     try:
-        spec = cdi_pkg.render(layout, kind=kind)
+        spec = cdi_pkg.render(layout, kind=kind, mig=mig)
         if validate:
             cdi_pkg.validate(spec, cdi_schema.fetch_schema())
     except cdi_pkg.CdiError as exc:
