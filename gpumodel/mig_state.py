@@ -142,9 +142,10 @@ def read_region(region: bytes, source: str = "state") -> list[GpuMig]:
     start = f.sizeof("mokka_header_t") + (h.seq & 1) * copy + f.sizeof("mokka_node_t")
     gpus = f.cast("mokka_gpu_t *", raw + start)
     out = []
+    capable_flag = state.const("MOKKA_GPU_MIG_CAPABLE")
     for i in range(h.gpu_count):
         g = gpus[i]
-        capable = bool(g.flags & state.const("MOKKA_GPU_MIG_CAPABLE"))
+        capable = bool(g.flags & capable_flag)
         m = g.mig
         devices: list[MigDevice] = []
         gis: list[tuple[int, int]] = []
@@ -185,3 +186,41 @@ def read_region(region: bytes, source: str = "state") -> list[GpuMig]:
         )
     del gpus, h, raw
     return out
+
+
+class LiveLayout:
+    """The MIG state of a live state file, re-read only when a writer has published since the
+    last look (two small reads: the latch counter and that copy's generation). For a process that
+    asks on every event, e.g. the NRI plugin at each container creation."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._key: tuple[int, int] | None = None
+        self._gpus: list[GpuMig] = []
+
+    def _stamp(self) -> tuple[int, int]:
+        import os
+
+        from . import state
+
+        f = state.ffi()
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            offset, _ = state.locate(fd, str(self.path))
+            raw = os.pread(fd, f.sizeof("mokka_header_t"), offset)
+            h = f.cast("mokka_header_t *", f.from_buffer(raw))
+            seq, count = int(h.seq), int(h.gpu_count)
+            copy = f.sizeof("mokka_node_t") + count * f.sizeof("mokka_gpu_t")
+            at = offset + f.sizeof("mokka_header_t") + (seq & 1) * copy + f.offsetof("mokka_node_t", "generation")
+            generation = int.from_bytes(os.pread(fd, 8, at), "little")
+            del h
+        finally:
+            os.close(fd)
+        return seq, generation
+
+    def current(self) -> list[GpuMig]:
+        key = self._stamp()
+        if key != self._key:
+            self._gpus = read(self.path)
+            self._key = key
+        return self._gpus

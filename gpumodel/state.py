@@ -55,6 +55,7 @@ def ffi() -> cffi.FFI:
     return out
 
 
+@functools.cache
 def _lib() -> Any:
     return ffi().dlopen(None)
 

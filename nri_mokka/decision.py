@@ -1,7 +1,9 @@
 """Which containers get mock GPUs, which GPUs, and what: a pure function.
 
-``decide(container, layout, config)`` looks only at its arguments — no sockets, no files —
-so every rule is unit-tested without containerd. The NRI plugin renders the returned
+``decide(container, layout, config, mig)`` looks only at its arguments — no sockets, no files —
+so every rule is unit-tested without containerd. ``mig`` is the node's MIG layout as it stands
+(``gpumodel.mig_state``): a GPU with MIG on is handed out as its MIG devices (``"<gpu>:<mig>"``
+or ``MIG-<uuid>`` wherever GPUs are named), as NVIDIA's toolkit does. The NRI plugin renders the returned
 edits as a ContainerAdjustment; a container that did not ask for GPUs is never failed.
 """
 
@@ -13,10 +15,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gpumodel.edits import ContainerEdits, container_edits
+from gpumodel.mig_state import GpuMig, MigDevice
 from gpumodel.nodelayout import GpuNode, NodeLayout
 
 ANNOTATION_INJECT = "mokka.io/inject"  # "true" opts in (opt-in mode), "false" opts out
-ANNOTATION_GPUS = "mokka.io/gpus"  # "all", or indices / UUIDs separated by commas
+ANNOTATION_GPUS = "mokka.io/gpus"  # "all", or indices / UUIDs / <gpu>:<mig> / MIG UUIDs, comma separated
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 DEVICE_RE = re.compile(r"^/dev/nvidia(\d+)$")
 
@@ -72,6 +75,7 @@ class Decision:
     reason: str
     gpus: tuple[GpuNode, ...] = ()
     edits: ContainerEdits | None = None
+    mig_devices: tuple[MigDevice, ...] = ()
     error: str | None = None
     # The same GPUs as CDI device names, when the config asks for references and the plugin
     # supplies the device nodes itself (the runtime then injects the spec's edits instead).
@@ -83,7 +87,7 @@ class Decision:
             return f"{who}: refused: {self.error}"
         if self.edits is None:
             return f"{who}: untouched ({self.reason})"
-        gpus = ",".join(str(g.index) for g in self.gpus) or "none"
+        gpus = ",".join([str(g.index) for g in self.gpus] + [f"{d.gpu}:{d.index}" for d in self.mig_devices]) or "none"
         return (
             f"{who}: GPUs {gpus} ({self.reason}): {len(self.edits.device_nodes)} device nodes, "
             f"{len(self.edits.mounts)} mounts, env {' '.join(k for k in self.edits.env_dict())}"
@@ -114,7 +118,27 @@ def _cdi_requests(c: Container, kind: str) -> list[str]:
     return found
 
 
-def decide(c: Container, layout: NodeLayout, config: Config) -> Decision:
+def _select(
+    layout: NodeLayout, mig: Sequence[GpuMig], names: Sequence[str]
+) -> tuple[tuple[GpuNode, ...], tuple[MigDevice, ...]]:
+    """GPUs and MIG devices by name: index, UUID, ``<gpu>:<mig>``, ``MIG-<uuid>``, or ``all`` (the
+    GPUs without MIG and every MIG device). KeyError names the first unknown one."""
+    on = {g.gpu: g.devices for g in mig if g.current}
+    slices = [d for g in layout.gpus for d in on.get(g.index, ())]
+    if list(names) == ["all"]:
+        return tuple(g for g in layout.gpus if g.index not in on), tuple(slices)
+    gpus: list[GpuNode] = []
+    picked: list[MigDevice] = []
+    for name in names:
+        found = [d for d in slices if name in (d.uuid, f"{d.gpu}:{d.index}")]
+        if found:
+            picked += [d for d in found if d not in picked]
+        else:
+            gpus += [g for g in layout.select([name]) if g not in gpus]
+    return tuple(sorted(gpus, key=lambda g: g.index)), tuple(picked)
+
+
+def decide(c: Container, layout: NodeLayout, config: Config, mig: Sequence[GpuMig] = ()) -> Decision:
     skip = _selected(c, config)
     if skip:
         return Decision(reason=skip)
@@ -145,34 +169,45 @@ def decide(c: Container, layout: NodeLayout, config: Config) -> Decision:
                 "NVIDIA_VISIBLE_DEVICES=none: driver only", (), container_edits(layout, ()).without_devices()
             )
         try:
-            gpus = tuple(layout.select(["all"] if value == "all" else _names(value)))
+            gpus, slices = _select(layout, mig, ["all"] if value == "all" else _names(value))
         except KeyError as exc:
             return Decision(
                 reason="",
                 error=f"NVIDIA_VISIBLE_DEVICES names GPU {exc.args[0]!r}, which this node "
                 f"does not have ({len(layout.gpus)} mock GPUs)",
             )
-        edits = container_edits(layout, gpus).without_devices()
-        return Decision(f"NVIDIA_VISIBLE_DEVICES={value}", gpus, _keep_env(edits, "NVIDIA_VISIBLE_DEVICES"))
+        edits = container_edits(layout, gpus, slices).without_devices()
+        return Decision(
+            f"NVIDIA_VISIBLE_DEVICES={value}", gpus, _keep_env(edits, "NVIDIA_VISIBLE_DEVICES"), mig_devices=slices
+        )
 
     # 3. Nothing allocated: every GPU of the node, or the subset the pod names.
     wanted = c.annotations.get(ANNOTATION_GPUS, c.pod_annotations.get(ANNOTATION_GPUS))
     if wanted is not None:
         try:
-            gpus = tuple(layout.select(_names(wanted) or ["all"]))
+            gpus, slices = _select(layout, mig, _names(wanted) or ["all"])
         except KeyError as exc:
             return Decision(
                 reason="",
                 error=f"{ANNOTATION_GPUS} names GPU {exc.args[0]!r}, which this node does not "
                 f"have ({len(layout.gpus)} mock GPUs)",
             )
-        return _with_nodes(f"{ANNOTATION_GPUS}={wanted}", gpus, layout, config)
-    return _with_nodes("all GPUs of the node", tuple(layout.gpus), layout, config)
+        return _with_nodes(f"{ANNOTATION_GPUS}={wanted}", gpus, layout, config, slices)
+    gpus, slices = _select(layout, mig, ["all"])
+    return _with_nodes("all GPUs of the node", gpus, layout, config, slices)
 
 
-def _with_nodes(reason: str, gpus: tuple[GpuNode, ...], layout: NodeLayout, config: Config) -> Decision:
-    names = tuple(f"{config.cdi_kind}={g.index}" for g in gpus) if config.cdi_devices else ()
-    return Decision(reason, gpus, container_edits(layout, gpus), cdi_devices=names)
+def _with_nodes(
+    reason: str, gpus: tuple[GpuNode, ...], layout: NodeLayout, config: Config, slices: tuple[MigDevice, ...] = ()
+) -> Decision:
+    names = [f"{config.cdi_kind}={g.index}" for g in gpus] + [f"{config.cdi_kind}={d.gpu}:{d.index}" for d in slices]
+    return Decision(
+        reason,
+        gpus,
+        container_edits(layout, gpus, slices),
+        cdi_devices=tuple(names) if config.cdi_devices else (),
+        mig_devices=slices,
+    )
 
 
 def _keep_env(edits: ContainerEdits, name: str) -> ContainerEdits:

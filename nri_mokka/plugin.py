@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from gpumodel import mig_state
 from gpumodel.edits import ContainerEdits
 from gpumodel.nodelayout import NodeLayout
 
@@ -108,6 +109,7 @@ class MokkaPlugin:
         self.root = root
         self.config = config or decision.Config()
         self.layout: NodeLayout | None = None
+        self.mig: mig_state.LiveLayout | None = None  # the MIG layout, where the node has MIG-capable GPUs
         self.decisions = 0
         self.handling_seconds = 0.0
         self.recent: deque[float] = deque(maxlen=1000)  # seconds per CreateContainer, newest last
@@ -147,6 +149,7 @@ class MokkaPlugin:
         self._stamp = self._layout_stamp()
         try:
             self.layout = NodeLayout.load(self.root)
+            self.mig = mig_state.LiveLayout(Path(self.layout.state)) if self.layout.caps_major is not None else None
             log.info(
                 "node layout %s/node.json: profile %s, %d GPUs", self.root, self.layout.profile, len(self.layout.gpus)
             )
@@ -180,7 +183,7 @@ class MokkaPlugin:
                 log.info("%s/%s/%s: untouched (no node layout)", pod.namespace, pod.name, container.name)
                 return None
             c = to_container(pod, container)
-            d = decision.decide(c, layout, self.config)
+            d = decision.decide(c, layout, self.config, self.mig.current() if self.mig else ())
             log.info("%s", d.summary(c))
             if d.error:
                 raise PluginError(f"mokka: {d.error}")
