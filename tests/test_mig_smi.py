@@ -1,4 +1,4 @@
-"""MIG through the real nvidia-smi (Debian's 535 and 550) against the mock library, compared
+"""MIG through the real nvidia-smi (Debian's 535, 550 and 555) against the mock library, compared
 with public captures of MIG-enabled boards (research for issue 13: an H100 80GB HBM3 session,
 NVIDIA's MIG user guide, A100 sessions on R510/R515)."""
 
@@ -13,10 +13,22 @@ import pytest
 from conftest import Staged
 
 from gpumodel import mig_state, state
+from testbed import nvidia_smi
 
 pytestmark = pytest.mark.consumers
 
 Smi = tuple[str, Path]
+
+
+@pytest.fixture(scope="module", params=["550", "535", "555"])
+def smi(request: pytest.FixtureRequest) -> Smi:
+    """Debian's nvidia-smi 550 and 535, and 555 from experimental (MIG output changed in R555)."""
+    version = request.param
+    try:
+        return version, nvidia_smi.fetch(version)
+    except Exception as exc:
+        pytest.fail(f"cannot get Debian's nvidia-smi {version}: {exc}")
+
 
 # nvidia-smi mig -lgip / -lgipp on a fresh H100 80GB HBM3 with MIG on (captured session).
 H100_LGIP = """\
@@ -251,8 +263,8 @@ def test_boards_without_mig(stage: Callable[..., Staged], smi: Smi, name: str) -
     assert run(staged, smi, "-i", "0", "-mig", "1") == (
         f"Unable to enable MIG Mode for GPU {bus}: Not Supported\nTreating as warning and moving on.\nAll done.\n"
     )
-    # 550 names the board unsupported, 535 not enabled (the 535 binary's own wording)
-    expected = {"550": "No MIG-supported devices found.", "535": "No MIG-enabled devices found."}[smi[0]]
+    # 550 and 555 name the board unsupported, 535 not enabled (the 535 binary's own wording)
+    expected = "No MIG-enabled devices found." if smi[0] == "535" else "No MIG-supported devices found."
     assert run(staged, smi, "mig", "-lgip", code=6).strip() == expected
 
 
