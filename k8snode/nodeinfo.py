@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpumodel import atomic
+from gpumodel import atomic, mig_state
 from gpumodel.profile import MIB, Profile
 
 LABEL_DOMAIN = "nvidia.com"
@@ -270,7 +270,7 @@ def fgo_profile(profile: Profile) -> dict[str, Any]:
                 "mode_pending": enabled(gpu.modes.ecc),
                 "default_mode": enabled(gpu.modes.ecc),
             },
-            "mig": {"mode_current": enabled(gpu.modes.mig), "mode_pending": enabled(gpu.modes.mig)},
+            "mig": {"mode_current": enabled(gpu.modes.mig), "mode_pending": enabled(mig_state.pending_mode(gpu))},
             "persistence_mode": enabled(gpu.modes.persistence),
             "compute_mode": gpu.modes.compute.lower(),
             "accounting": {"mode": enabled(gpu.modes.accounting), "buffer_size": gpu.modes.accounting_buffer},
