@@ -26,7 +26,7 @@ from typing import Any
 
 from gpumodel import atomic
 from gpumodel.edits import ContainerEdits, DeviceNode, Mount, common_edits, container_edits
-from gpumodel.mig_state import GpuMig, MigDevice
+from gpumodel.mig_devices import GpuMig, MigDevice
 from gpumodel.nodelayout import GpuNode, NodeLayout
 
 __all__ = [

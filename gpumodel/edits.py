@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .mig_state import MigDevice
+from .mig_devices import MigDevice
 from .nodelayout import GpuNode, NodeLayout
 
 READ_ONLY = ("ro", "nosuid", "nodev", "bind")

@@ -24,15 +24,18 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .mig_devices import MAX_CI_ID as MAX_CI_ID
+from .mig_devices import MAX_GI_ID as MAX_GI_ID
+from .mig_devices import MAX_GPUS_IN_MINORS as MAX_GPUS_IN_MINORS
+from .mig_devices import cap_minor as cap_minor
+from .mig_devices import mig_minors_text as mig_minors_text
+
 # NVML_GPU_INSTANCE_PROFILE_* indices and NVML_COMPUTE_INSTANCE_PROFILE_* indices (nvml.h).
 GI_INDEX = {"1": 0, "2": 1, "3": 2, "4": 3, "7": 4, "8": 5, "6": 6, "1+me": 7, "2+me": 8, "1x2": 9}
 CI_INDEX = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 # GI IDs by placement size (memory slices): the first ID of the run, then one per placement.
 # Seen on H100 (1g: 7 + start) and in NVIDIA's user guide (2g: 3 + start/2, 7g: 0).
 FIRST_GI_ID = {8: 0, 4: 1, 2: 3, 1: 7}
-MAX_GI_ID = 14  # /proc/driver/nvidia-caps/mig-minors enumerates gi0..gi14
-MAX_CI_ID = 7
-MAX_GPUS_IN_MINORS = 32  # mig-minors enumerates gpu0..gpu31
 
 
 @dataclass(frozen=True)
@@ -460,13 +463,6 @@ def mig_uuid(gpu_uuid: str, gi_id: int, gi_profile_id: int, ci_id: int, ci_profi
     return f"MIG-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-def cap_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
-    """The minor of a MIG capability (``/proc/driver/nvidia-caps/mig-minors``): ``config`` is 1,
-    ``monitor`` 2, then 135 per GPU minor: the GI's access file, followed by its 8 CIs'."""
-    base = 3 + 135 * gpu_minor + 9 * gi
-    return base if ci is None else base + 1 + ci
-
-
 def instance_ids(board: Board) -> list[tuple[int, int | None]]:
     """Every (GI id, CI id or None for the GI itself) an instance on ``board`` can get: the
     capabilities whose /dev/nvidia-caps nodes a node needs (a GI of g slices holds CIs 0..g-1)."""
@@ -476,16 +472,6 @@ def instance_ids(board: Board) -> list[tuple[int, int | None]]:
             gi = gi_id(p, start)
             cis[gi] = max(cis.get(gi, 0), p.slices)
     return [(gi, ci) for gi in sorted(cis) for ci in (None, *range(cis[gi]))]
-
-
-def mig_minors_text() -> str:
-    """``/proc/driver/nvidia-caps/mig-minors``: every capability the driver could hand out."""
-    lines = ["config 1", "monitor 2"]
-    for g in range(MAX_GPUS_IN_MINORS):
-        for i in range(MAX_GI_ID + 1):
-            lines.append(f"gpu{g}/gi{i}/access {cap_minor(g, i)}")
-            lines.extend(f"gpu{g}/gi{i}/ci{c}/access {cap_minor(g, i, c)}" for c in range(MAX_CI_ID + 1))
-    return "\n".join(lines) + "\n"
 
 
 def nvlib_profile_name(gi_slices: int, ci_slices: int, memory_mib: int, parent_total_mib: int, suffix: str = "") -> str:

@@ -5,11 +5,12 @@ the layout every NVML consumer sees now, after any change made through NVML or n
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import mig
+from .mig_devices import GpuMig as GpuMig
+from .mig_devices import MigDevice as MigDevice
 
 if TYPE_CHECKING:
     from .profile import GpuSpec
@@ -86,42 +87,6 @@ def fill(g: Any, spec: GpuSpec, gpu_uuid: str, put_str: Callable[[Any, str], Non
 # ---- the live layout --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MigDevice:
-    """One MIG device (a compute instance) as NVML numbers it on the node."""
-
-    gpu: int  # the parent's index on the node
-    gpu_minor: int
-    index: int  # nvmlDeviceGetMigDeviceHandleByIndex index under the parent
-    gi: int
-    ci: int
-    uuid: str
-    profile: str  # nvidia-smi's name: "3g.40gb", "1c.3g.40gb"
-    gi_profile_id: int
-    ci_profile_id: int
-    placement: tuple[int, int]  # GI memory slices (start, size)
-
-    @property
-    def gi_cap_minor(self) -> int:
-        return mig.cap_minor(self.gpu_minor, self.gi)
-
-    @property
-    def ci_cap_minor(self) -> int:
-        return mig.cap_minor(self.gpu_minor, self.gi, self.ci)
-
-
-@dataclass(frozen=True)
-class GpuMig:
-    gpu: int
-    uuid: str
-    minor: int
-    capable: bool
-    current: bool
-    pending: bool
-    devices: tuple[MigDevice, ...]
-    gpu_instances: tuple[tuple[int, int], ...]  # (GI id, profile ID), ascending id
-
-
 def read(path: Path) -> list[GpuMig]:
     """The MIG state of every GPU in the state at ``path`` (a state file or a library carrying
     one), from the copy readers use now."""
@@ -186,41 +151,3 @@ def read_region(region: bytes, source: str = "state") -> list[GpuMig]:
         )
     del gpus, h, raw
     return out
-
-
-class LiveLayout:
-    """The MIG state of a live state file, re-read only when a writer has published since the
-    last look (two small reads: the latch counter and that copy's generation). For a process that
-    asks on every event, e.g. the NRI plugin at each container creation."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._key: tuple[int, int] | None = None
-        self._gpus: list[GpuMig] = []
-
-    def _stamp(self) -> tuple[int, int]:
-        import os
-
-        from . import state
-
-        f = state.ffi()
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            offset, _ = state.locate(fd, str(self.path))
-            raw = os.pread(fd, f.sizeof("mokka_header_t"), offset)
-            h = f.cast("mokka_header_t *", f.from_buffer(raw))
-            seq, count = int(h.seq), int(h.gpu_count)
-            copy = f.sizeof("mokka_node_t") + count * f.sizeof("mokka_gpu_t")
-            at = offset + f.sizeof("mokka_header_t") + (seq & 1) * copy + f.offsetof("mokka_node_t", "generation")
-            generation = int.from_bytes(os.pread(fd, 8, at), "little")
-            del h
-        finally:
-            os.close(fd)
-        return seq, generation
-
-    def current(self) -> list[GpuMig]:
-        key = self._stamp()
-        if key != self._key:
-            self._gpus = read(self.path)
-            self._key = key
-        return self._gpus

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gpumodel.edits import ContainerEdits, container_edits
-from gpumodel.mig_state import GpuMig, MigDevice
+from gpumodel.mig_devices import GpuMig, MigDevice
 from gpumodel.nodelayout import GpuNode, NodeLayout
 
 ANNOTATION_INJECT = "mokka.io/inject"  # "true" opts in (opt-in mode), "false" opts out

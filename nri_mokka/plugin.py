@@ -23,11 +23,11 @@ from pathlib import Path
 
 import yaml
 
-from gpumodel import mig_state
 from gpumodel.edits import ContainerEdits
 from gpumodel.nodelayout import NodeLayout
 
 from . import decision
+from .mig_view import MigView, MigViewError
 from .nri.stub import ContainerAdjustment, PluginError, Stub, api
 
 log = logging.getLogger("mokka.plugin")
@@ -109,7 +109,7 @@ class MokkaPlugin:
         self.root = root
         self.config = config or decision.Config()
         self.layout: NodeLayout | None = None
-        self.mig: mig_state.LiveLayout | None = None  # the MIG layout, where the node has MIG-capable GPUs
+        self.mig: MigView | None = None  # the MIG layout through NVML, where the node has MIG-capable GPUs
         self.decisions = 0
         self.handling_seconds = 0.0
         self.recent: deque[float] = deque(maxlen=1000)  # seconds per CreateContainer, newest last
@@ -149,7 +149,14 @@ class MokkaPlugin:
         self._stamp = self._layout_stamp()
         try:
             self.layout = NodeLayout.load(self.root)
-            self.mig = mig_state.LiveLayout(Path(self.layout.state)) if self.layout.caps_major is not None else None
+            if self.mig is not None:
+                self.mig.close()
+            self.mig = None
+            if self.layout.caps_major is not None:
+                try:
+                    self.mig = MigView(Path(self.layout.library), Path(self.layout.state))
+                except MigViewError as exc:  # MIG devices cannot be named; whole GPUs still can
+                    log.error("MIG layout unavailable: %s", exc)
             log.info(
                 "node layout %s/node.json: profile %s, %d GPUs", self.root, self.layout.profile, len(self.layout.gpus)
             )

@@ -143,3 +143,29 @@ def test_plugin_injects_one_mig_device(mig_node_root: Path, tmp_path_factory: py
         f"  MIG {want.profile:<12}Device  0: (UUID: {want.uuid})",
     ], res.logs
     assert sandbox.leftovers(base) == []
+
+
+def test_the_plugin_reads_the_layout_through_nvml(stage_mig: object) -> None:
+    """What the plugin process sees of the MIG layout (through the node's library, with no cffi)
+    equals what the state holds, also right after a change made by another process."""
+    from conftest import Staged
+
+    from nri_mokka.mig_view import MigView
+
+    assert callable(stage_mig)
+    staged: Staged = stage_mig(
+        "h100", 2, overrides={1: {"mig": {"mode": False, "instances": []}}}, mode=True, instances=LAYOUT
+    )
+    library = staged.root.libdir / f"libnvidia-ml.so.{staged.profile.driver.version}"
+    view = MigView(library, library)
+    try:
+        assert view.current() == mig_state.read(library)
+        staged.python(
+            "import pynvml as N\nN.nvmlInit()\nh = N.nvmlDeviceGetHandleByIndex(0)\n"
+            "gi = N.nvmlDeviceGetGpuInstanceById(h, 9)\n"
+            "N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))\n"
+        )
+        after = view.current()
+        assert after == mig_state.read(library) and len(after[0].devices) == 3
+    finally:
+        view.close()
