@@ -672,6 +672,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, un
 
 EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoByIdV(nvmlDevice_t device, unsigned int profileId,
                                                              nvmlGpuInstanceProfileInfo_v2_t *info) {
+    RELEASE_GATE(); /* first in R580's library */
     return gi_profile_v(device, profileId, 1, info);
 }
 
