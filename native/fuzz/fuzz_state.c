@@ -30,6 +30,62 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
+/* The MIG read side: modes, profiles, placements, instances and MIG device handles, whatever
+ * tables and layout the input holds (nothing here writes the state). */
+static void fuzz_mig(nvmlDevice_t d) {
+    unsigned cur, pend, max = 0, n;
+    char buf[256];
+    nvmlDeviceGetMigMode(d, &cur, &pend);
+    nvmlDeviceGetMaxMigDeviceCount(d, &max);
+    for (unsigned p = 0; p < NVML_GPU_INSTANCE_PROFILE_COUNT + 1; p++) {
+        nvmlGpuInstanceProfileInfo_v2_t info = {.version = nvmlGpuInstanceProfileInfo_v2};
+        nvmlGpuInstanceProfileInfo_t v1;
+        if (nvmlDeviceGetGpuInstanceProfileInfo(d, p, &v1) != NVML_SUCCESS) continue;
+        nvmlDeviceGetGpuInstanceProfileInfoV(d, p, &info);
+        nvmlGpuInstancePlacement_t placements[16];
+        n = 16;
+        nvmlDeviceGetGpuInstancePossiblePlacements_v2(d, v1.id, placements, &n);
+        nvmlDeviceGetGpuInstanceRemainingCapacity(d, v1.id, &n);
+        nvmlGpuInstance_t gis[16];
+        n = 16;
+        if (v1.instanceCount > 16 || nvmlDeviceGetGpuInstances(d, v1.id, gis, &n) != NVML_SUCCESS) continue;
+        for (unsigned k = 0; k < n && k < 16; k++) {
+            nvmlGpuInstanceInfo_t gi;
+            nvmlGpuInstanceGetInfo(gis[k], &gi);
+            for (unsigned c = 0; c < NVML_COMPUTE_INSTANCE_PROFILE_COUNT; c++) {
+                nvmlComputeInstanceProfileInfo_t ci;
+                unsigned left;
+                if (nvmlGpuInstanceGetComputeInstanceProfileInfo(gis[k], c, 0, &ci) != NVML_SUCCESS) continue;
+                nvmlGpuInstanceGetComputeInstanceRemainingCapacity(gis[k], ci.id, &left);
+                nvmlComputeInstance_t cis[16];
+                unsigned m = 16;
+                if (ci.instanceCount > 16 || nvmlGpuInstanceGetComputeInstances(gis[k], ci.id, cis, &m) != NVML_SUCCESS)
+                    continue;
+                for (unsigned j = 0; j < m && j < 16; j++) {
+                    nvmlComputeInstanceInfo_t info2;
+                    nvmlComputeInstanceGetInfo_v2(cis[j], &info2);
+                }
+            }
+        }
+    }
+    for (unsigned j = 0; j < max && j < 16; j++) {
+        nvmlDevice_t m;
+        if (nvmlDeviceGetMigDeviceHandleByIndex(d, j, &m) != NVML_SUCCESS) continue;
+        nvmlMemory_t mem;
+        nvmlDeviceAttributes_t attrs;
+        nvmlBAR1Memory_t bar1;
+        nvmlDeviceGetName(m, buf, sizeof buf);
+        nvmlDeviceGetUUID(m, buf, sizeof buf);
+        nvmlDeviceGetMemoryInfo(m, &mem);
+        nvmlDeviceGetAttributes_v2(m, &attrs);
+        nvmlDeviceGetBAR1MemoryInfo(m, &bar1);
+        nvmlDeviceGetGpuInstanceId(m, &n);
+        nvmlDeviceGetComputeInstanceId(m, &n);
+        nvmlDeviceGetIndex(m, &n);
+        nvmlDeviceGetHandleByUUID(buf, &m);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (ftruncate(state_fd, 0) != 0 || pwrite(state_fd, data, size, 0) != (ssize_t)size) return 0;
     if (nvmlInit_v2() != NVML_SUCCESS) return 0;
@@ -65,6 +121,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         nvmlDeviceGetTotalEnergyConsumption(d, &ull);
         nvmlDeviceGetNvLinkState(d, i % 20, (nvmlEnableState_t *)&u);
         nvmlDeviceGetFieldValues(d, 1, &field);
+        fuzz_mig(d);
     }
     nvmlSystemGetDriverVersion((char[80]){0}, 80);
     nvmlShutdown();

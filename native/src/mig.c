@@ -136,6 +136,9 @@ static int sees(const mokka_gpu_t *g, unsigned slot, const mokka_gi_t *gi, const
 
 /* ---- reading the layout ------------------------------------------------------------ */
 
+/* Ids a handle can stand for (a state holding others is corrupt; such records are skipped). */
+static int ids_valid(unsigned gi, unsigned ci) { return gi <= MOKKA_MIG_MAX_GI_ID && ci <= MOKKA_MIG_MAX_CI_ID; }
+
 static int mig_on(const mokka_gpu_t *g) { return (g->flags & MOKKA_GPU_MIG_CAPABLE) && g->mig_current == 1; }
 
 static int gi_pos(const mokka_mig_t *m, unsigned id) {
@@ -172,6 +175,7 @@ static int nth_device(const mokka_gpu_t *g, unsigned slot, unsigned index, unsig
     for (unsigned i = 0; i < clamp(m->n_gis, MOKKA_MIG_MAX_GIS); i++) {
         const mokka_gi_t *gi = &m->gis[i];
         for (unsigned j = 0; j < clamp(gi->n_cis, MOKKA_MIG_MAX_CIS); j++) {
+            if (!ids_valid(gi->id, gi->ci[j].id)) continue; /* a corrupt record: no handle for it */
             if ((g_view.by_list || g_view.by_caps) && !sees(g, slot, gi, &gi->ci[j])) continue;
             if (k++ == index) {
                 *gi_id = gi->id;
@@ -191,6 +195,7 @@ static int device_index(const mokka_gpu_t *g, unsigned slot, unsigned gi_id, uns
     for (unsigned i = 0; i < clamp(m->n_gis, MOKKA_MIG_MAX_GIS); i++) {
         const mokka_gi_t *gi = &m->gis[i];
         for (unsigned j = 0; j < clamp(gi->n_cis, MOKKA_MIG_MAX_CIS); j++) {
+            if (!ids_valid(gi->id, gi->ci[j].id)) continue;
             if ((g_view.by_list || g_view.by_caps) && !sees(g, slot, gi, &gi->ci[j])) continue;
             if (gi->id == gi_id && gi->ci[j].id == ci_id) return k;
             k++;
@@ -644,7 +649,7 @@ static nvmlReturn_t gi_profile_v(nvmlDevice_t device, unsigned key, int by_id, n
         info->jpegCount = p.jpeg_count;
         info->ofaCount = p.ofa_count;
         info->memorySizeMB = p.memory_mib;
-        snprintf(info->name, sizeof info->name, "MIG %s", p.name);
+        snprintf(info->name, sizeof info->name, "MIG %.*s", (int)sizeof p.name, p.name);
     } else {
         nvmlGpuInstanceProfileInfo_v3_t *v3 = (nvmlGpuInstanceProfileInfo_v3_t *)info;
         memset(v3, 0, sizeof *v3);
@@ -659,7 +664,7 @@ static nvmlReturn_t gi_profile_v(nvmlDevice_t device, unsigned key, int by_id, n
         v3->jpegCount = p.jpeg_count;
         v3->ofaCount = p.ofa_count;
         v3->memorySizeMB = p.memory_mib;
-        snprintf(v3->name, sizeof v3->name, "MIG %s", p.name);
+        snprintf(v3->name, sizeof v3->name, "MIG %.*s", (int)sizeof p.name, p.name);
         v3->capabilities = 0;
     }
     return NVML_SUCCESS;
@@ -781,7 +786,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int 
         n = 0;
         known = profile_pos_by_id(&g->mig, profileId) >= 0;
         for (unsigned i = 0; i < clamp(g->mig.n_gis, MOKKA_MIG_MAX_GIS); i++)
-            if (gi_profile(&g->mig, &g->mig.gis[i])->id == profileId) ids[n++] = g->mig.gis[i].id;
+            /* never more than the profile's instance count: the caller's buffer holds that many */
+            if (gi_profile(&g->mig, &g->mig.gis[i])->id == profileId && ids_valid(g->mig.gis[i].id, 0) &&
+                n < gi_profile(&g->mig, &g->mig.gis[i])->instance_count)
+                ids[n++] = g->mig.gis[i].id;
     });
     if (!known) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned v = ((const struct nvmlDevice_st *)device)->visible_index;
@@ -895,7 +903,7 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstanc
     info->sharedEncoderCount = gp.encoder_count;
     info->sharedJpegCount = gp.jpeg_count;
     info->sharedOfaCount = gp.ofa_count;
-    snprintf(info->name, sizeof info->name, "MIG %s", c->name);
+    snprintf(info->name, sizeof info->name, "MIG %.*s", (int)sizeof c->name, c->name);
     return NVML_SUCCESS;
 }
 
@@ -1001,7 +1009,9 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInst
             const mokka_gi_profile_t *gp = gi_profile(&g->mig, gi);
             known = ci_profile_pos(gp, profileId) >= 0;
             for (unsigned j = 0; j < clamp(gi->n_cis, MOKKA_MIG_MAX_CIS); j++)
-                if (ci_profile(gp, &gi->ci[j])->id == profileId) ids[n++] = gi->ci[j].id;
+                if (ci_profile(gp, &gi->ci[j])->id == profileId && ids_valid(0, gi->ci[j].id) &&
+                    n < ci_profile(gp, &gi->ci[j])->instance_count) /* the caller's buffer holds that many */
+                    ids[n++] = gi->ci[j].id;
         }
     });
     if (!known) return NVML_ERROR_NOT_SUPPORTED;
@@ -1267,7 +1277,7 @@ nvmlReturn_t mokka_mig_handle_by_uuid(const char *uuid, nvmlDevice_t *device) {
         const mokka_gpu_t *g = mokka_handle_gpu(&g_mokka.devices[v]);
         unsigned gi = 0, ci = 0;
         int found;
-        MOKKA_READ(g, found = mokka_mig_item(uuid, strlen(uuid), g, &gi, &ci) &&
+        MOKKA_READ(g, found = mokka_mig_item(uuid, strlen(uuid), g, &gi, &ci) && ids_valid(gi, ci) &&
                               device_index(g, g_mokka.devices[v].slot, gi, ci) >= 0);
         if (found) {
             *device = &g_mokka_mig_devices[v][gi][ci];
