@@ -179,3 +179,25 @@ def test_visible_devices_forms_inside_a_container(
             f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {mig_node.gpus[0].uuid})",
             f"  MIG {devices[2].profile:<12}Device  0: (UUID: {devices[2].uuid})",
         ], res.logs
+
+
+def test_cdi_generate_without_a_readable_layout_is_one_line(tmp_path: Path) -> None:
+    """A MIG-capable node whose library (the layout's carrier) is gone: one error line, no spec."""
+    data = mig_profile_data("h100", 1, mode=True, instances=LAYOUT)
+    root = tmp_path / "root"
+    node.apply(node.plan(profile.load(write_profile(tmp_path / "p.yaml", data)), node.Options(root=root)))
+    try:
+        layout = nodelayout.NodeLayout.load(root)
+        Path(layout.state).rename(tmp_path / "moved")
+        out = tmp_path / "cdi"
+        res = subprocess.run(
+            [sys.executable, "-m", "mokka.cli", "cdi", "generate", "--root", str(root), "--output", str(out)],
+            capture_output=True,
+            text=True,
+        )
+        assert res.returncode == 1 and not out.exists()
+        assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+        assert res.stderr.startswith(f"mokka: error: cannot read the MIG layout from {layout.state}: ")
+        (tmp_path / "moved").rename(layout.state)
+    finally:
+        node.cleanup(root)
