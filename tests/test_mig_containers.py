@@ -201,3 +201,33 @@ def test_cdi_generate_without_a_readable_layout_is_one_line(tmp_path: Path) -> N
         (tmp_path / "moved").rename(layout.state)
     finally:
         node.cleanup(root)
+
+
+def test_names_and_nodes_equal_nvidia_ctks(mig_node: nodelayout.NodeLayout, spec: dict[str, object]) -> None:
+    """NVIDIA's own `nvidia-ctk cdi generate` (v1.18.0, the toolkit the device plugin pins) on the
+    same staged node, reading NVML and mig-minors as on a real one: the same device names, and
+    for each the same device nodes."""
+    from testbed.kube import binaries
+
+    found = binaries.cached() or binaries.ensure()
+    root = Path(mig_node.root)
+    script = (
+        "mount -t tmpfs none /proc/driver && mkdir /proc/driver/nvidia-caps && "
+        f"mount --bind {root}/proc/driver/nvidia-caps /proc/driver/nvidia-caps && "
+        f'exec "{found["nvidia-ctk"]}" cdi generate --mode=nvml --driver-root={root}/driver --dev-root={root} '
+        "--nvidia-cdi-hook-path=/usr/bin/nvidia-cdi-hook --format=json"
+    )
+    env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": mig_node.libdir}
+    res = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    theirs = {
+        d["name"]: sorted(n["path"] for n in d["containerEdits"]["deviceNodes"])
+        for d in json.loads(res.stdout)["devices"]
+    }
+    ours = {
+        d["name"]: sorted(n["path"] for n in d["containerEdits"]["deviceNodes"])  # type: ignore[index]
+        for d in spec["devices"]  # type: ignore[attr-defined]
+    }
+    assert ours == theirs

@@ -58,6 +58,13 @@ def _progress(line: str) -> None:
     show_default=True,
     help="The device plugin's --device-list-strategy.",
 )
+@click.option(
+    "--mig-strategy",
+    type=click.Choice(["none", "single", "mixed"]),
+    default="none",
+    show_default=True,
+    help="The device plugin's and GFD's --mig-strategy (a profile declares the MIG layout).",
+)
 @click.option("--keep-on-failure", is_flag=True, help="Leave a cluster that failed to come up running, for its logs.")
 def up_cmd(
     profile_name: str,
@@ -65,6 +72,7 @@ def up_cmd(
     base: Path,
     allocator: str,
     device_list_strategy: str,
+    mig_strategy: str,
     keep_on_failure: bool,
 ) -> None:
     """Start the cluster; prints `export KUBECONFIG=...` on stdout, one progress line per step on stderr."""
@@ -78,6 +86,7 @@ def up_cmd(
         gpus=gpus,
         allocator=allocator,
         device_list_strategy=device_list_strategy,
+        mig_strategy=mig_strategy,
         keep_on_failure=keep_on_failure,
     )
     t0 = time.monotonic()

@@ -56,6 +56,7 @@ class Options:
     cache: Path | None = None
     keep_on_failure: bool = False  # leave a failed cluster running for inspection (then `down`)
     nri_plugin: bool = True  # False: none is started (e.g. the Helm chart's DaemonSet brings its own)
+    mig_strategy: str = "none"  # the device plugin's and GFD's --mig-strategy: none | single | mixed
 
 
 @dataclass
@@ -209,8 +210,11 @@ class Cluster:
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
     def allocatable_gpus(self) -> int:
+        return self.allocatable("nvidia.com/gpu")
+
+    def allocatable(self, resource: str) -> int:
         node = self.node() or {}
-        return int(node.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu", "0"))
+        return int(node.get("status", {}).get("allocatable", {}).get(resource, "0"))
 
     def slice_devices(self) -> int:
         """Devices the node's ResourceSlices publish (0 while none, or the API is unreachable)."""
@@ -285,6 +289,10 @@ class Cluster:
             raise ClusterError("a local cluster needs root (kubelet, containerd, device nodes, mounts)")
         if options.allocator not in gpustack.ALLOCATORS:
             raise ClusterError(f"--allocator {options.allocator!r}: choose one of {', '.join(gpustack.ALLOCATORS)}")
+        if options.mig_strategy not in gpustack.MIG_STRATEGIES:
+            raise ClusterError(
+                f"--mig-strategy {options.mig_strategy!r}: choose one of {', '.join(gpustack.MIG_STRATEGIES)}"
+            )
         if options.device_list_strategy not in gpustack.DEVICE_LIST_STRATEGIES:
             raise ClusterError(
                 f"--device-list-strategy {options.device_list_strategy!r}: "
@@ -384,11 +392,17 @@ class Cluster:
                 progress, f"NVIDIA device plugin {versions.DEVICE_PLUGIN} ({options.device_list_strategy})"
             ):
                 argv = gpustack.device_plugin_argv(
-                    bins["nvidia-device-plugin"], layout, options.device_list_strategy, bins["nvidia-cdi-hook"]
+                    bins["nvidia-device-plugin"],
+                    layout,
+                    options.device_list_strategy,
+                    bins["nvidia-cdi-hook"],
+                    options.mig_strategy,
                 )
                 self.spawn("nvidia-device-plugin", argv, env=gpustack.nvml_env(layout))
+                want = gpustack.expected_allocatable(prof, options.mig_strategy)
                 self.wait(
-                    f"allocatable nvidia.com/gpu = {prof.gpu_count}", lambda: self.allocatable_gpus() == prof.gpu_count
+                    "allocatable " + ", ".join(f"{k} = {v}" for k, v in sorted(want.items())),
+                    lambda: all(self.allocatable(k) == v for k, v in want.items()),
                 )
         elif options.allocator == "dra":
             with self._step(progress, f"DRA driver (mokka dra-plugin): a ResourceSlice of {prof.gpu_count} GPUs"):
@@ -407,7 +421,8 @@ class Cluster:
         """GFD one-shot in the namespace; its labels (applied to the node by the caller, NFD's job)."""
         self.layout.gfd.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **gpustack.nvml_env(self.layout)}
-        res = self.run(gpustack.gfd_argv(binary, self.layout), timeout=120, env=env)
+        mig_strategy = str(self.state.options.get("mig_strategy", "none"))
+        res = self.run(gpustack.gfd_argv(binary, self.layout, mig_strategy), timeout=120, env=env)
         (self.layout.logs / "gfd.log").write_text(res.stdout + res.stderr)
         out = self.layout.gfd / "labels"
         if res.returncode != 0 or not out.exists():

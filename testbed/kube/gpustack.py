@@ -25,6 +25,7 @@ from .config import Layout
 from .pki import NODE_NAME
 
 ALLOCATORS = ("device-plugin", "dra", "none")
+MIG_STRATEGIES = ("none", "single", "mixed")  # the device plugin's and GFD's --mig-strategy
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 # The driver root's parts, bind-mounted in the namespace: real directories, so that what NVIDIA's
 # tools resolve (e.g. libcuda's directory, by EvalSymlinks) stays inside the driver root.
@@ -74,6 +75,11 @@ def namespace_entries(layout: Layout) -> tuple[list[list[str]], list[list[str]]]
     binds.append([str(sys_root / "bus" / "pci" / "drivers" / "nvidia"), "/sys/bus/pci/drivers/nvidia"])
     for entry in sorted((sys_root / "module").iterdir()):
         binds.append([str(entry), f"/sys/module/{entry.name}"])
+    # MIG: the device plugin and the container toolkit map capabilities to /dev/nvidia-caps nodes
+    # through /proc/driver/nvidia-caps/mig-minors (NVIDIA's procfs file; nothing else of it)
+    caps = layout.node_root / "proc" / "driver" / "nvidia-caps"
+    if caps.is_dir():
+        binds.append([str(caps), "/proc/driver/nvidia-caps"])
     dmi = sys_root / "class" / "dmi" / "id"
     if dmi.is_dir():
         real = Path("/sys/class/dmi/id")
@@ -94,7 +100,9 @@ def nri_plugin_argv(layout: Layout, health_port: int, external: bool) -> list[st
     return argv
 
 
-def device_plugin_argv(binary: Path, layout: Layout, strategy: str, hook: Path) -> list[str]:
+def device_plugin_argv(
+    binary: Path, layout: Layout, strategy: str, hook: Path, mig_strategy: str = "none"
+) -> list[str]:
     root = str(layout.driver_root)
     return [
         str(binary),
@@ -105,7 +113,36 @@ def device_plugin_argv(binary: Path, layout: Layout, strategy: str, hook: Path) 
         "--device-id-strategy=uuid",
         "--fail-on-init-error=true",
         f"--nvidia-cdi-hook-path={hook}",
+        f"--mig-strategy={mig_strategy}",
     ]
+
+
+def expected_allocatable(profile: Profile, mig_strategy: str) -> dict[str, int]:
+    """What the device plugin advertises for ``profile`` as staged (its declared MIG layout):
+    whole GPUs as nvidia.com/gpu; with ``mixed`` each MIG profile as nvidia.com/mig-<name>
+    (go-nvlib's name from the memory, ``+`` as ``.``), with ``single`` MIG devices as
+    nvidia.com/gpu."""
+    from gpumodel import mig, mig_state
+
+    out: dict[str, int] = {}
+    for device in profile.devices():
+        gis = mig_state.initial_layout(device.spec) if device.spec.modes.mig else []
+        if not device.spec.modes.mig or mig_strategy == "none":
+            out["nvidia.com/gpu"] = out.get("nvidia.com/gpu", 0) + 1
+            continue
+        for gi in gis:
+            for ci in gi.compute:
+                if mig_strategy == "single":
+                    name = "nvidia.com/gpu"
+                else:
+                    suffix = "+me" if gi.profile.index == mig.GI_INDEX["1+me"] else ""
+                    memory = device.spec.memory.total_mib
+                    profile_name = mig.nvlib_profile_name(
+                        gi.profile.slices, ci.profile.slices, gi.profile.memory_mib, memory, suffix
+                    )
+                    name = "nvidia.com/mig-" + profile_name.replace("+", ".")
+                out[name] = out.get(name, 0) + 1
+    return out
 
 
 def nvml_env(layout: Layout) -> dict[str, str]:
@@ -114,7 +151,7 @@ def nvml_env(layout: Layout) -> dict[str, str]:
     return {"LD_LIBRARY_PATH": str(layout.driver_root / "usr" / "lib64")}
 
 
-def gfd_argv(binary: Path, layout: Layout) -> list[str]:
+def gfd_argv(binary: Path, layout: Layout, mig_strategy: str = "none") -> list[str]:
     return [
         str(binary),
         "--oneshot",
@@ -122,6 +159,7 @@ def gfd_argv(binary: Path, layout: Layout) -> list[str]:
         "--use-node-feature-api=false",
         f"--output-file={layout.gfd / 'labels'}",
         f"--driver-root-ctr-path={layout.driver_root}",
+        f"--mig-strategy={mig_strategy}",
     ]
 
 
