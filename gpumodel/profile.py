@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import mig as migmodel
+from .dynamic import Dynamic, bounds
 
 MAX_GPUS = 64
 MAX_GRAPHICS_CLOCKS = 512  # MOKKA_MAX_GFX_CLOCKS in native/mokka_state.h (a test checks they agree)
@@ -374,6 +375,24 @@ class GpuSpec(Strict):
             migmodel.plan(board, self.mig.instances)
         except migmodel.LayoutError as exc:
             raise ValueError(str(exc)) from None
+        return self
+
+    dynamic: Dynamic = Field(default_factory=Dynamic, description="time-varying metrics (gpumodel/dynamic.py)")
+
+    @model_validator(mode="after")
+    def _dynamic_fits(self) -> GpuSpec:
+        d = self.dynamic
+        if (
+            d.memory_used_mib is not None
+            and bounds(d.memory_used_mib)[1] > self.memory.total_mib - self.memory.reserved_mib
+        ):
+            raise ValueError("dynamic.memory_used_mib: reaches beyond memory.total_mib - memory.reserved_mib")
+        if d.memory_temperature_c is not None and self.temperature.memory is None:
+            raise ValueError("dynamic.memory_temperature_c: the board has no memory temperature (temperature.memory)")
+        if d.clock_sm_mhz is not None and self.clocks.current.sm is None:
+            raise ValueError("dynamic.clock_sm_mhz: the board reports no current SM clock")
+        if d.clock_memory_mhz is not None and self.clocks.current.memory is None:
+            raise ValueError("dynamic.clock_memory_mhz: the board reports no current memory clock")
         return self
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import cffi
 
-from . import atomic, mig_state
+from . import atomic, dynamic, mig_state
 from .native import STATE_WRITER, header_path, library_path
 from .profile import ATOMIC_CAPS, BRANDS, MIB, Architecture, Device, Profile, parse_bus_id
 
@@ -284,6 +284,7 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
     g.clique_id = fb.clique_id
     ffi().memmove(g.cluster_uuid, uuidlib.UUID(fb.cluster_uuid).bytes, 16)
 
+    dynamic.fill(g, s.dynamic, device.index)
     g.n_procs = len(s.processes)
     for i, proc in enumerate(s.processes):
         g.procs[i].pid = proc.pid

@@ -30,6 +30,10 @@
  * in gpumodel/state.py, and bump MOKKA_STATE_VERSION; the writer copies whole records, so
  * nothing else changes.
  *
+ * Waiting for a change: every publish ends with a FUTEX_WAKE on `seq` (a shared futex: the
+ * key is the file's page, so every process mapping the file, in any mount namespace, shares
+ * it). nvmlEventSetWait sleeps in FUTEX_WAIT on the value of `seq` it last checked.
+ *
  * Units: bytes, milliwatts, MHz, degrees Celsius, millijoules, percent.
  * MOKKA_NA (all ones) in an integer field means the board does not support it, and the
  * library answers NVML_ERROR_NOT_SUPPORTED; an empty string means the same. In clock
@@ -41,7 +45,7 @@
 #include <stdint.h>
 
 #define MOKKA_STATE_MAGIC 0x41544b4f4b4b4f4d
-#define MOKKA_STATE_VERSION 4
+#define MOKKA_STATE_VERSION 5
 #define MOKKA_TRAILER_MAGIC 0x4c5254414b4b4f4d  /* "MOKKATRL" */
 #define MOKKA_STATE_ALIGN 65536   /* region offset in a library file: a multiple of every Linux page size */
 #define MOKKA_MAX_GPUS 64
@@ -54,6 +58,8 @@
 #define MOKKA_CPUSET_WORDS 16
 #define MOKKA_THRESHOLD_COUNT 16
 #define MOKKA_ECC_LOCATIONS 9
+#define MOKKA_EVENT_RING 64        /* events kept per GPU for event sets that fall behind */
+#define MOKKA_NVLINK_COUNTERS 4    /* per link: replay, recovery, CRC flit, CRC data (nvmlNvLinkErrorCounter_t) */
 
 /* Clock domains, indexed as nvmlClockType_t: graphics, sm, memory, video. */
 #define MOKKA_CLOCK_DOMAINS 4
@@ -139,12 +145,83 @@ typedef struct {
     mokka_gi_t gis[MOKKA_MIG_MAX_GIS];
 } mokka_mig_t;
 
+/* Time-varying metrics (gpumodel/dynamic.py compiles them; native/src/dynamic.c evaluates
+ * them from the wall clock at every read, so every process on every node with the same
+ * seed reads the same series). Index of mokka_gpu_t.patterns and mokka_faults_t.value. */
+#define MOKKA_METRIC_POWER 0         /* milliwatts (power_usage) */
+#define MOKKA_METRIC_TEMP_GPU 1      /* degrees C (temp_gpu) */
+#define MOKKA_METRIC_TEMP_MEMORY 2   /* degrees C (temp_memory) */
+#define MOKKA_METRIC_UTIL_GPU 3      /* percent (util_gpu) */
+#define MOKKA_METRIC_UTIL_MEMORY 4   /* percent (util_memory) */
+#define MOKKA_METRIC_MEM_USED 5      /* bytes (mem_used) */
+#define MOKKA_METRIC_CLOCK_SM 6      /* MHz (clock_current graphics and SM) */
+#define MOKKA_METRIC_CLOCK_MEM 7     /* MHz (clock_current memory) */
+#define MOKKA_METRICS 8
+
+/* mokka_pattern_t.kind */
+#define MOKKA_PATTERN_NONE 0         /* the record's static field */
+#define MOKKA_PATTERN_CONSTANT 1     /* a */
+#define MOKKA_PATTERN_SINE 2         /* a + b * sin(2 pi (t + phase) / period), phase from the seed */
+#define MOKKA_PATTERN_WALK 3         /* a seeded bounded walk between a and b, one step per period */
+#define MOKKA_PATTERN_BUSY 4         /* a while the GPU has no processes, b while it has */
+#define MOKKA_PATTERN_RAMP 5         /* a at start_ms, then straight to b over period_ms, then b */
+
+/* Bits of mokka_faults_t.misc. */
+#define MOKKA_FAULT_LOGGED 1         /* the kernel log has this GPU's once-per-load UUID lines */
+#define MOKKA_FAULT_POWER_LIMIT 2    /* a power-limit fault holds: saved_*_limit are the profile's */
+
 typedef struct {
     uint32_t pid;
     uint32_t type;              /* 0 compute, 1 graphics */
     uint64_t used_memory;       /* bytes */
     char name[64];
 } mokka_process_t;
+
+/* A metric's pattern; units are the metric's (see MOKKA_METRIC_*). */
+typedef struct {
+    uint32_t kind;              /* MOKKA_PATTERN_* */
+    uint32_t period_ms;         /* sine: the period; walk: one step; ramp: its duration */
+    int64_t a;
+    int64_t b;
+    uint64_t seed;
+    uint64_t start_ms;          /* wall clock (ms since the epoch) it applies from; 0: always */
+} mokka_pattern_t;
+
+/* What injected faults changed on one GPU, so that reads see them and `clear` can undo
+ * exactly them. An override (kind != NONE) replaces a metric's pattern or static value
+ * from its start_ms on (earlier samples still show the profile); counters (ECC, rows,
+ * pages) were added to the record's own fields and are remembered here to be taken back. */
+typedef struct {
+    mokka_pattern_t override[MOKKA_METRICS];
+    uint32_t flags_set;         /* MOKKA_GPU_* bits a fault set in flags (lost, remap pending/failure) */
+    uint32_t saved_power_limit;         /* the profile's limits while a power-limit fault holds */
+    uint32_t saved_enforced_limit;
+    uint32_t nvlink_down;       /* links a fault took down (they were up) */
+    uint32_t retired_pending;   /* pages wait for a driver reload */
+    uint32_t remap_added[2];    /* rows added: correctable, uncorrectable */
+    uint32_t retired_added[2];  /* pages added: single-bit, double-bit */
+    uint32_t histogram_moved[5];  /* banks moved into each histogram bucket (out of `max`) */
+    uint32_t misc;              /* MOKKA_FAULT_* */
+    uint32_t pad;
+    uint64_t ecc_added[2][2][MOKKA_ECC_LOCATIONS];  /* as ecc_counts */
+    uint64_t nvlink_errors[MOKKA_MAX_NVLINKS][MOKKA_NVLINK_COUNTERS];
+} mokka_faults_t;
+
+/* One NVML event. */
+typedef struct {
+    uint64_t seq;               /* node-wide order: mokka_node_t.events when it was raised */
+    uint64_t type;              /* one nvmlEventType* bit */
+    uint64_t data;              /* the Xid for Xid events, else 0 */
+    uint64_t time_us;           /* wall clock */
+    uint32_t gpu_instance;      /* MIG attribution; 0xFFFFFFFF: the whole GPU */
+    uint32_t compute_instance;
+} mokka_event_t;
+
+/* The GPU's recent events: event number n (1-based) is ring[(n - 1) % MOKKA_EVENT_RING]. */
+typedef struct {
+    uint64_t count;             /* events raised on this GPU so far */
+    mokka_event_t ring[MOKKA_EVENT_RING];
+} mokka_events_t;
 
 typedef struct {
     /* identity */
@@ -288,10 +365,6 @@ typedef struct {
     uint32_t pad2;
     mokka_process_t procs[MOKKA_MAX_PROCS];
 
-    /* pending events (XID and others) for nvmlEventSetWait: a counter per kind */
-    uint64_t xid_count;
-    uint64_t last_xid;
-
     /* what nvidia-smi reads through its private table, and NVLink's far ends */
     uint32_t sparse_mode;           /* sparse operation mode 0/1; MOKKA_NA: not supported */
     uint32_t atomic_caps_out;       /* PCIe atomics as nvidia-smi lists them (bit 0 FETCHADD_32, 1 FETCHADD_64, */
@@ -302,11 +375,17 @@ typedef struct {
 
     /* MIG: mig_current / mig_pending above are the mode; this is the table and the layout */
     mokka_mig_t mig;
+
+    /* time-varying metrics and faults (native/src/dynamic.c, gpumodel/faults.py) */
+    mokka_pattern_t patterns[MOKKA_METRICS];
+    mokka_faults_t faults;
+    mokka_events_t events;
 } mokka_gpu_t;
 
 /* Node-wide live data: the start of each copy. */
 typedef struct {
     uint64_t generation;        /* completed updates since the state was compiled */
+    uint64_t events;            /* events raised on any GPU: orders them across GPUs */
 } mokka_node_t;
 
 typedef struct {

@@ -65,13 +65,18 @@ int main(void) {
     printf("mokka_header_t %zu\nmokka_gpu_t %zu\n", sizeof(mokka_header_t), sizeof(mokka_gpu_t));
     printf("mokka_process_t %zu\n", sizeof(mokka_process_t));
     printf("mokka_node_t %zu\nmokka_trailer_t %zu\n", sizeof(mokka_node_t), sizeof(mokka_trailer_t));
+    printf("mokka_faults_t %zu\nmokka_pattern_t %zu\n", sizeof(mokka_faults_t), sizeof(mokka_pattern_t));
+    printf("mokka_event_t %zu\nmokka_events_t %zu\n", sizeof(mokka_event_t), sizeof(mokka_events_t));
     P(mokka_header_t, node_size) P(mokka_header_t, seq) P(mokka_header_t, driver_version)
     P(mokka_header_t, cuda_version) P(mokka_header_t, profile) P(mokka_node_t, generation)
     P(mokka_trailer_t, state_size) P(mokka_trailer_t, magic) P(mokka_gpu_t, multiprocessor_count)
     P(mokka_gpu_t, uuid) P(mokka_gpu_t, pci_device_id) P(mokka_gpu_t, cpu_affinity) P(mokka_gpu_t, mem_total)
     P(mokka_gpu_t, power_usage) P(mokka_gpu_t, energy_mj) P(mokka_gpu_t, thresholds) P(mokka_gpu_t, gfx_clocks)
     P(mokka_gpu_t, clocks_event_reasons) P(mokka_gpu_t, ecc_counts) P(mokka_gpu_t, cluster_uuid) P(mokka_gpu_t, procs)
-    P(mokka_gpu_t, xid_count) P(mokka_gpu_t, last_xid)
+    P(mokka_gpu_t, patterns) P(mokka_gpu_t, faults) P(mokka_gpu_t, events) P(mokka_node_t, events)
+    P(mokka_faults_t, flags_set) P(mokka_faults_t, ecc_added) P(mokka_faults_t, nvlink_errors)
+    P(mokka_pattern_t, a) P(mokka_pattern_t, start_ms) P(mokka_event_t, time_us) P(mokka_event_t, compute_instance)
+    P(mokka_events_t, ring)
     return 0;
 }
 """

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import Staged
 
-from gpumodel import native, state
+from gpumodel import faults, native, state
 
 NATIVE = Path(__file__).resolve().parent.parent / "native"
 VERSIONED = re.compile(r"(_v\d+|V)$")
@@ -60,8 +60,7 @@ def run_canaries(exe: Path, staged: Staged, tmp_path: Path) -> list[str]:
             g.procs[i].pid, g.procs[i].type, g.procs[i].used_memory = 4000 + i, i // 2, 1 << 30
 
     def xid(node: object, gpus: object) -> None:
-        gpus[0].xid_count += 1  # type: ignore[index]
-        gpus[0].last_xid = 79  # type: ignore[index]
+        faults.raise_event(node, gpus[0], faults.EVENT_XID, 79)  # type: ignore[index]
 
     state.update(live, processes)
     proc = subprocess.Popen(

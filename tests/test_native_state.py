@@ -158,7 +158,7 @@ import sys
 from pathlib import Path
 from gpumodel import state
 def bump(node, gpus):
-    gpus[0].xid_count += 1
+    gpus[0].events.count += 1
 for _ in range(int(sys.argv[2])):
     state.update(Path(sys.argv[1]), bump)
 """
@@ -172,7 +172,7 @@ def test_two_writers_serialise(tmp_path: Path, stage: Callable[..., Staged]) -> 
     f = state.ffi()
     region = bytearray(state.read(live))
     gpus = f.cast("mokka_gpu_t *", f.from_buffer(region) + f.sizeof("mokka_header_t") + f.sizeof("mokka_node_t"))
-    assert gpus[0].xid_count == 800
+    assert gpus[0].events.count == 800
     node_ = f.cast("mokka_node_t *", f.from_buffer(region) + f.sizeof("mokka_header_t"))
     assert node_.generation == 800
 

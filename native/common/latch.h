@@ -12,12 +12,19 @@
  * The ordering readers rely on (they load seq with acquire, read, fence acquire, reload
  * seq) comes from a release store of seq after each copy is written and a release fence
  * after each seq store, before the next copy's writes: `dmb ish` on aarch64, compiler
- * barriers on x86-64 (whose stores are already ordered). */
+ * barriers on x86-64 (whose stores are already ordered).
+ *
+ * Every publish ends by waking whoever sleeps in FUTEX_WAIT on `seq` (nvmlEventSetWait): a
+ * shared futex, keyed by the file's page, so sleepers in every process (containers too) wake. */
 #ifndef MOKKA_LATCH_H
 #define MOKKA_LATCH_H
 
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "../mokka_state.h"
 
@@ -39,8 +46,11 @@ static inline int mokka_latch_stable_copy(const mokka_header_t *h) {
     return (int)(__atomic_load_n(&h->seq, __ATOMIC_ACQUIRE) & 1);
 }
 
-/* Make `live` (one whole copy) what every reader sees. */
-static inline void mokka_latch_publish(void *region, const void *live) {
+/* Wake every process sleeping on the counter (a no-op system call when none is). */
+static inline void mokka_latch_wake(mokka_header_t *h) { syscall(SYS_futex, &h->seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+
+/* Both copies rewritten whole (mokka_latch_publish without the wake). */
+static inline void mokka_latch_write_whole(void *region, const void *live) {
     mokka_header_t *h = region;
     uint64_t size = mokka_latch_copy_size(h);
     char *copy0 = (char *)region + sizeof(mokka_header_t), *copy1 = copy0 + size;
@@ -55,6 +65,12 @@ static inline void mokka_latch_publish(void *region, const void *live) {
     __atomic_thread_fence(__ATOMIC_RELEASE);
     memcpy(copy1, live, size);
     __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+/* Make `live` (one whole copy) what every reader sees. */
+static inline void mokka_latch_publish(void *region, const void *live) {
+    mokka_latch_write_whole(region, live);
+    mokka_latch_wake(region);
 }
 
 /* The same as mokka_latch_publish where `live` differs from what readers see in a few records
@@ -85,6 +101,7 @@ static inline void mokka_latch_publish_changes(void *region, const void *live) {
         __atomic_store_n(&h->seq, ++s, __ATOMIC_RELEASE);
         __atomic_thread_fence(__ATOMIC_RELEASE);
     }
+    mokka_latch_wake(h);
 }
 
 #endif

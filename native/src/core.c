@@ -90,19 +90,27 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t 
     return nvmlDeviceGetHandleByIndex_v2(index, device);
 }
 
-/* Handle lookups by a key: the first visible GPU the key matches. */
+/* Handle lookups by a key: the first visible GPU the key matches. A lost GPU has no new
+ * handles to give (GPU_IS_LOST), as nvmlDeviceGetHandleByIndex. */
 typedef int (*match_fn)(const mokka_gpu_t *g, const char *key);
 
-static nvmlReturn_t handle_by(match_fn match, const char *key, nvmlDevice_t *device) {
+static nvmlReturn_t find_by(match_fn match, const char *key, nvmlDevice_t *device, int allow_lost) {
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
     if (!key || !device) return NVML_ERROR_INVALID_ARGUMENT;
     for (unsigned i = 0; i < g_mokka.visible_count; i++) {
-        if (match(mokka_handle_gpu(&g_mokka.devices[i]), key)) {
+        const mokka_gpu_t *g = mokka_handle_gpu(&g_mokka.devices[i]);
+        if (match(g, key)) {
+            if (!allow_lost && (__atomic_load_n(&g->flags, __ATOMIC_RELAXED) & MOKKA_GPU_LOST))
+                return NVML_ERROR_GPU_IS_LOST;
             *device = &g_mokka.devices[i];
             return NVML_SUCCESS;
         }
     }
     return NVML_ERROR_NOT_FOUND;
+}
+
+static nvmlReturn_t handle_by(match_fn match, const char *key, nvmlDevice_t *device) {
+    return find_by(match, key, device, 0);
 }
 
 static int uuid_is(const mokka_gpu_t *g, const char *uuid) { return strcmp(g->uuid, uuid) == 0; }
@@ -129,7 +137,7 @@ static int bus_id_is(const mokka_gpu_t *g, const char *bus_id) {
 
 const mokka_gpu_t *mokka_gpu_by_bus_id(const char *bus_id) {
     nvmlDevice_t device;
-    return handle_by(bus_id_is, bus_id, &device) == NVML_SUCCESS ? mokka_handle_gpu(device) : NULL;
+    return find_by(bus_id_is, bus_id, &device, 1) == NVML_SUCCESS ? mokka_handle_gpu(device) : NULL;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *device) {
@@ -145,7 +153,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleBySerial(const char *serial, nvmlDevice_t
 
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     MIG_ANSWERS(device, mokka_mig_index(device, index));
-    GET_GPU(device, g);
+    GET_GPU_IDENTITY(device, g);
     (void)g;
     if (!index) return NVML_ERROR_INVALID_ARGUMENT;
     *index = ((struct nvmlDevice_st *)device)->visible_index;

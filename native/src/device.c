@@ -38,6 +38,13 @@
         return COPY_FIELD(out, length, g->field);                       \
     }
 
+/* Identity a lost GPU's existing handle still answers (internal.h, GET_GPU_IDENTITY). */
+#define IDENTITY_STRING_GETTER(fn, field)                                      \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t device, char *out, unsigned int length) { \
+        GET_GPU_IDENTITY(device, g);                                           \
+        return COPY_FIELD(out, length, g->field);                              \
+    }
+
 /* ---- identity ---------------------------------------------------------------------- */
 
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *out, unsigned int length) {
@@ -48,7 +55,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *out, unsigned i
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *out, unsigned int length) {
     MIG_ANSWERS(device, mokka_mig_uuid_of(device, out, length));
-    GET_GPU(device, g);
+    GET_GPU_IDENTITY(device, g);
     return COPY_FIELD(out, length, g->uuid);
 }
 
@@ -56,7 +63,12 @@ STRING_GETTER(nvmlDeviceGetSerial, serial)
 STRING_GETTER(nvmlDeviceGetBoardPartNumber, board_part_number)
 STRING_GETTER(nvmlDeviceGetVbiosVersion, vbios_version)
 STRING_GETTER(nvmlDeviceGetInforomImageVersion, inforom_image)
-U32_GETTER(nvmlDeviceGetMinorNumber, minor_number)
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    GET_GPU_IDENTITY(device, g);
+    NEED(minor);
+    *minor = g->minor_number;
+    return NVML_SUCCESS;
+}
 U32_GETTER(nvmlDeviceGetBoardId, board_id)
 U32_GETTER(nvmlDeviceGetModuleId, module_id)
 U32_GETTER(nvmlDeviceGetNumGpuCores, num_cores)
@@ -152,7 +164,7 @@ static void fill_pci(const mokka_gpu_t *g, nvmlPciInfo_t *pci) {
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
-    GET_GPU(device, g);
+    GET_GPU_IDENTITY(device, g);
     NEED(pci);
     fill_pci(g, pci);
     return NVML_SUCCESS;
@@ -181,7 +193,7 @@ static void write_legacy_pci(const nvmlPciInfo_t *full, void *out) {
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) {
-    GET_GPU(device, g);
+    GET_GPU_IDENTITY(device, g);
     NEED(pci);
     nvmlPciInfo_t full;
     fill_pci(g, &full);
@@ -263,7 +275,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     }
     GET_GPU(device, g);
     NEED(memory);
-    MOKKA_READ(g, (total = g->mem_total, reserved = g->mem_reserved, used = g->mem_used));
+    MOKKA_READ(g, (total = g->mem_total, reserved = g->mem_reserved, used = mokka_metric(g, MOKKA_METRIC_MEM_USED)));
+    if (used > total - reserved) used = total - reserved;
     /* v1 folds the reserved memory into "used", as the real library does. */
     memory->total = total;
     memory->used = used + reserved;
@@ -280,7 +293,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
         nvmlReturn_t r = mokka_mig_memory(device, &total, &used);
         if (r != NVML_SUCCESS) return r;
     } else {
-        MOKKA_READ(g, (total = g->mem_total, reserved = g->mem_reserved, used = g->mem_used));
+        MOKKA_READ(g, (total = g->mem_total, reserved = g->mem_reserved, used = mokka_metric(g, MOKKA_METRIC_MEM_USED)));
+        if (used > total - reserved) used = total - reserved;
     }
     memory->total = total;
     memory->reserved = reserved;
@@ -311,7 +325,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetConfComputeProtectedMemoryUsage(nvmlDevice_t de
 EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
     GET_GPU(device, g);
     NEED(power);
-    MOKKA_READ(g, *power = g->power_usage);
+    MOKKA_READ(g, *power = (unsigned int)mokka_metric(g, MOKKA_METRIC_POWER));
     return NVML_SUCCESS;
 }
 
@@ -388,7 +402,12 @@ static nvmlReturn_t clock_from(const mokka_gpu_t *g, size_t table, nvmlClockType
     NEED(clock);
     if ((unsigned)type >= MOKKA_CLOCK_DOMAINS) return NVML_ERROR_INVALID_ARGUMENT;
     uint32_t v;
-    MOKKA_READ(g, v = ((const uint32_t *)((const char *)g + table))[type]);
+    if (table == offsetof(mokka_gpu_t, clock_current)) {
+        uint64_t now = mokka_wall_ms();
+        MOKKA_READ(g, v = mokka_clock_at(g, type, now));
+    } else {
+        MOKKA_READ(g, v = ((const uint32_t *)((const char *)g + table))[type]);
+    }
     if (mokka_is_na(v)) return NVML_ERROR_NOT_SUPPORTED;
     if (v == (uint32_t)MOKKA_DEPRECATED) return NVML_ERROR_DEPRECATED;
     *clock = v;
@@ -464,7 +483,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetSupportedGraphicsClocks(nvmlDevice_t device, un
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons) {
     GET_GPU(device, g);
     NEED(reasons);
-    MOKKA_READ(g, *reasons = g->clocks_event_reasons);
+    uint64_t now = mokka_wall_ms();
+    MOKKA_READ(g, *reasons = mokka_event_reasons_at(g, now));
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons) {
@@ -501,7 +521,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatur
     GET_GPU(device, g);
     NEED(temp);
     if (sensor != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
-    MOKKA_READ(g, *temp = g->temp_gpu);
+    MOKKA_READ(g, *temp = (unsigned int)mokka_metric(g, MOKKA_METRIC_TEMP_GPU));
     return NVML_SUCCESS;
 }
 
@@ -512,7 +532,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperatu
     if (temperature->version != nvmlTemperature_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     if (temperature->sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
     uint32_t t;
-    MOKKA_READ(g, t = g->temp_gpu);
+    MOKKA_READ(g, t = (uint32_t)mokka_metric(g, MOKKA_METRIC_TEMP_GPU));
     temperature->temperature = (int)t;
     return NVML_SUCCESS;
 }
@@ -561,7 +581,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
     GET_GPU(device, g);
     NEED(util);
     if (mokka_mig_enabled(g)) return NVML_ERROR_NOT_SUPPORTED;
-    MOKKA_READ(g, (util->gpu = g->util_gpu, util->memory = g->util_memory));
+    MOKKA_READ(g, (util->gpu = (unsigned int)mokka_metric(g, MOKKA_METRIC_UTIL_GPU),
+                   util->memory = (unsigned int)mokka_metric(g, MOKKA_METRIC_UTIL_MEMORY)));
     return NVML_SUCCESS;
 }
 
@@ -760,29 +781,45 @@ EXPORT nvmlReturn_t nvmlDeviceGetDetailedEccErrors(nvmlDevice_t device, nvmlMemo
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, nvmlPageRetirementCause_t cause, unsigned int *count,
-                                              unsigned long long *addresses) {
-    GET_GPU(device, g);
-    (void)addresses;
-    NEED(count);
-    if ((unsigned)cause >= NVML_PAGE_RETIREMENT_CAUSE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
-    if (!(g->flags & MOKKA_GPU_RETIRE_SUPPORTED)) return NVML_ERROR_NOT_SUPPORTED;
-    *count = 0;
-    return NVML_SUCCESS;
+/* Retired pages are counted in the record (faults add them); their addresses are derived
+ * from the cause and the page's number, the same on every call. */
+static unsigned long long retired_page_address(unsigned cause, unsigned k) {
+    return ((unsigned long long)(cause + 1) << 32) | ((unsigned long long)(k + 1) << 12);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, nvmlPageRetirementCause_t cause,
                                                  unsigned int *count, unsigned long long *addresses,
                                                  unsigned long long *timestamps) {
-    (void)timestamps;
-    return nvmlDeviceGetRetiredPages(device, cause, count, addresses);
+    GET_GPU(device, g);
+    NEED(count);
+    if ((unsigned)cause >= NVML_PAGE_RETIREMENT_CAUSE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!(g->flags & MOKKA_GPU_RETIRE_SUPPORTED)) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned n;
+    MOKKA_READ(g, n = cause == NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR ? g->retired_dbe : g->retired_sbe);
+    if (*count < n || (n && !addresses)) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned k = 0; k < n; k++) {
+        addresses[k] = retired_page_address(cause, k);
+        if (timestamps) timestamps[k] = 0;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, nvmlPageRetirementCause_t cause, unsigned int *count,
+                                              unsigned long long *addresses) {
+    return nvmlDeviceGetRetiredPages_v2(device, cause, count, addresses, NULL);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, nvmlEnableState_t *pending) {
     GET_GPU(device, g);
     NEED(pending);
     if (!(g->flags & MOKKA_GPU_RETIRE_SUPPORTED)) return NVML_ERROR_NOT_SUPPORTED;
-    *pending = NVML_FEATURE_DISABLED;
+    uint32_t p;
+    MOKKA_READ(g, p = g->faults.retired_pending);
+    *pending = p ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     return NVML_SUCCESS;
 }
 
@@ -1047,6 +1084,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigne
     if (r) return r;
     if ((unsigned)counter >= NVML_NVLINK_ERROR_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
     *value = 0;
+    if ((unsigned)counter < MOKKA_NVLINK_COUNTERS) MOKKA_READ(g, *value = g->faults.nvlink_errors[link][counter]);
     return NVML_SUCCESS;
 }
 

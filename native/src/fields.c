@@ -34,7 +34,7 @@ static void power_field(const mokka_gpu_t *g, nvmlFieldValue_t *f) {
         case NVML_FI_DEV_POWER_DEFAULT_LIMIT: v = g->power_default_limit; break;
         case NVML_FI_DEV_POWER_CURRENT_LIMIT:
         case NVML_FI_DEV_POWER_REQUESTED_LIMIT: v = g->power_limit; break;
-        default: v = g->power_usage;
+        default: v = (uint32_t)mokka_metric(g, MOKKA_METRIC_POWER);
         }
         break;
     case NVML_POWER_SCOPE_MODULE:
@@ -80,6 +80,44 @@ static unsigned long long ecc_total(const mokka_gpu_t *g, int type, int counter)
     return sum;
 }
 
+/* NVLink error counters a fault injected, per link: nvmlNvLinkErrorCounter_t order. */
+enum { NV_REPLAY = 0, NV_RECOVERY = 1, NV_CRC_FLIT = 2, NV_CRC_DATA = 3 };
+
+static unsigned long long nvlink_errors(const mokka_gpu_t *g, unsigned link, unsigned counter) {
+    unsigned long long sum = 0;
+    unsigned links = g->nvlink_count < MOKKA_MAX_NVLINKS ? g->nvlink_count : MOKKA_MAX_NVLINKS;
+    if (link != ~0u) return link < links ? g->faults.nvlink_errors[link][counter] : 0;
+    for (unsigned l = 0; l < links; l++) sum += g->faults.nvlink_errors[l][counter];
+    return sum;
+}
+
+/* The per-link counter fields: L0..L5 and the total in one block of seven ids, L6..L11 in
+ * another block of six. Returns 1 when `id` is one of them. */
+static int nvlink_lane_field(const mokka_gpu_t *g, nvmlFieldValue_t *f) {
+    static const struct {
+        unsigned low, high, counter;
+    } blocks[] = {
+        {NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0, NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, NV_CRC_FLIT},
+        {NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L0, NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, NV_CRC_DATA},
+        {NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L0, NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, NV_REPLAY},
+        {NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L0, NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, NV_RECOVERY},
+        {NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L6, NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L11, NV_CRC_FLIT},
+        {NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L6, NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L11, NV_CRC_DATA},
+        {NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L6, NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L11, NV_REPLAY},
+        {NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L6, NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L11, NV_RECOVERY},
+    };
+    unsigned id = f->fieldId;
+    for (unsigned b = 0; b < sizeof blocks / sizeof *blocks; b++) {
+        if (id < blocks[b].low || id > blocks[b].high) continue;
+        unsigned link = (b < 4 ? 0 : 6) + (id - blocks[b].low);
+        int total = b < 4 && id == blocks[b].high;
+        if (g->nvlink_count && (total || link < g->nvlink_count))
+            set_u(f, nvlink_errors(g, total ? ~0u : link, blocks[b].counter));
+        return 1;
+    }
+    return 0;
+}
+
 static void one_field(const mokka_gpu_t *g, nvmlFieldValue_t *f) {
     f->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
     int ecc = !mokka_is_na(g->ecc_current);
@@ -94,8 +132,12 @@ static void one_field(const mokka_gpu_t *g, nvmlFieldValue_t *f) {
     case NVML_FI_DEV_ECC_DBE_AGG_TOTAL: if (ecc) set_u(f, ecc_total(g, 1, 1)); break;
     case NVML_FI_DEV_RETIRED_SBE: if (g->flags & MOKKA_GPU_RETIRE_SUPPORTED) set_u(f, g->retired_sbe); break;
     case NVML_FI_DEV_RETIRED_DBE: if (g->flags & MOKKA_GPU_RETIRE_SUPPORTED) set_u(f, g->retired_dbe); break;
-    case NVML_FI_DEV_RETIRED_PENDING: if (g->flags & MOKKA_GPU_RETIRE_SUPPORTED) set_u(f, 0); break;
-    case NVML_FI_DEV_MEMORY_TEMP: if (!mokka_is_na(g->temp_memory)) set_ui(f, g->temp_memory); break;
+    case NVML_FI_DEV_RETIRED_PENDING:
+        if (g->flags & MOKKA_GPU_RETIRE_SUPPORTED) set_u(f, g->faults.retired_pending != 0);
+        break;
+    case NVML_FI_DEV_MEMORY_TEMP:
+        if (!mokka_is_na(g->temp_memory)) set_ui(f, (unsigned)mokka_metric(g, MOKKA_METRIC_TEMP_MEMORY));
+        break;
     case NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
     case NVML_FI_DEV_ENERGY: set_u(f, mokka_energy_mj(g)); break;
     case NVML_FI_DEV_POWER_AVERAGE:
@@ -127,8 +169,19 @@ static void one_field(const mokka_gpu_t *g, nvmlFieldValue_t *f) {
     case NVML_FI_DEV_NVLINK_GET_VERSION:
         if (links && f->scopeId < links) set_ui(f, g->nvlink_version);
         break;
+    /* nvidia-smi nvlink -e: per link (scopeId) */
+    case NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY:
+        if (links && f->scopeId < links) set_u(f, nvlink_errors(g, f->scopeId, NV_REPLAY));
+        break;
+    case NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY:
+        if (links && f->scopeId < links) set_u(f, nvlink_errors(g, f->scopeId, NV_RECOVERY));
+        break;
+    case NVML_FI_DEV_NVLINK_ERROR_DL_CRC:
+        if (links && f->scopeId < links) set_u(f, nvlink_errors(g, f->scopeId, NV_CRC_FLIT));
+        break;
     default:
-        if (f->fieldId >= NVML_FI_DEV_NVLINK_SPEED_MBPS_L0 && f->fieldId <= NVML_FI_DEV_NVLINK_SPEED_MBPS_L5) {
+        if (nvlink_lane_field(g, f)) {
+        } else if (f->fieldId >= NVML_FI_DEV_NVLINK_SPEED_MBPS_L0 && f->fieldId <= NVML_FI_DEV_NVLINK_SPEED_MBPS_L5) {
             if (f->fieldId - NVML_FI_DEV_NVLINK_SPEED_MBPS_L0 < links) set_ui(f, g->nvlink_speed_mbps);
         } else if (f->fieldId >= NVML_FI_DEV_NVLINK_SPEED_MBPS_L6 && f->fieldId <= NVML_FI_DEV_NVLINK_SPEED_MBPS_L11) {
             if (f->fieldId - NVML_FI_DEV_NVLINK_SPEED_MBPS_L6 + 6 < links) set_ui(f, g->nvlink_speed_mbps);

@@ -67,8 +67,12 @@ static inline int mokka_mig_enabled(const mokka_gpu_t *g) {
 /* The record behind a handle, in the copy readers use now. */
 static inline const mokka_gpu_t *mokka_handle_gpu(const struct nvmlDevice_st *d) { return mokka_gpu_now(d->slot); }
 
-/* Validate an nvmlDevice_t and fetch its record; returns from the caller on error. */
-static inline nvmlReturn_t mokka_device(nvmlDevice_t device, const mokka_gpu_t **out) {
+/* Validate an nvmlDevice_t and fetch its record; returns from the caller on error.
+ * `identity`: the call only reads what NVML knows of a GPU without touching it (UUID, PCI
+ * location, minor number, index), which a handle obtained before the GPU was lost still
+ * answers, so that a consumer can tell which GPU an Xid 79 event came from (the README's
+ * "Lost GPUs" says why). Every other call on a lost GPU answers GPU_IS_LOST. */
+static inline nvmlReturn_t mokka_device_check(nvmlDevice_t device, const mokka_gpu_t **out, int identity) {
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
     const struct nvmlDevice_st *d = device;
     if (d < g_mokka.devices || d >= g_mokka.devices + g_mokka.visible_count ||
@@ -77,22 +81,34 @@ static inline nvmlReturn_t mokka_device(nvmlDevice_t device, const mokka_gpu_t *
         if (!d) return NVML_ERROR_INVALID_ARGUMENT;
     }
     const mokka_gpu_t *g = mokka_handle_gpu(d);
-    if (__atomic_load_n(&g->flags, __ATOMIC_RELAXED) & MOKKA_GPU_LOST) return NVML_ERROR_GPU_IS_LOST;
+    if (!identity && (__atomic_load_n(&g->flags, __ATOMIC_RELAXED) & MOKKA_GPU_LOST)) return NVML_ERROR_GPU_IS_LOST;
     *out = g;
     return NVML_SUCCESS;
 }
-#define GET_GPU(device, g)                                         \
+static inline nvmlReturn_t mokka_device(nvmlDevice_t device, const mokka_gpu_t **out) {
+    return mokka_device_check(device, out, 0);
+}
+#define GET_GPU_CHECKED(device, g, identity)                       \
     const mokka_gpu_t *g;                                          \
     do {                                                           \
-        nvmlReturn_t r_ = mokka_device((device), &g);              \
+        nvmlReturn_t r_ = mokka_device_check((device), &g, (identity)); \
         if (r_ != NVML_SUCCESS) return r_;                         \
     } while (0)
+#define GET_GPU(device, g) GET_GPU_CHECKED(device, g, 0)
+/* For the identity calls a lost GPU's existing handle still answers. */
+#define GET_GPU_IDENTITY(device, g) GET_GPU_CHECKED(device, g, 1)
 
 uint64_t mokka_energy_mj(const mokka_gpu_t *g);
 /* The visible GPU at a PCI bus id (4- or 8-digit domain), or NULL. */
 const mokka_gpu_t *mokka_gpu_by_bus_id(const char *bus_id);
 /* The GPU's processes of one type (0 compute, 1 graphics, 2 MPS), copied under the seqlock. */
 unsigned mokka_processes(const mokka_gpu_t *g, unsigned type, mokka_process_t out[MOKKA_MAX_PROCS]);
+/* Time-varying metrics (dynamic.c): read under the latch, like any field of the record. */
+uint64_t mokka_wall_ms(void);
+uint64_t mokka_metric(const mokka_gpu_t *g, unsigned metric); /* MOKKA_METRIC_*, now */
+uint64_t mokka_metric_at(const mokka_gpu_t *g, unsigned metric, uint64_t t_ms);
+uint32_t mokka_clock_at(const mokka_gpu_t *g, unsigned domain, uint64_t t_ms); /* current clock of a domain */
+unsigned long long mokka_event_reasons_at(const mokka_gpu_t *g, uint64_t t_ms);
 nvmlReturn_t mokka_copy_string(char *dst, unsigned int length, const char *src, size_t src_size);
 /* The GPU's T.Limit margin: degrees below its maximum operating temperature (thermal.c). */
 nvmlReturn_t mokka_tlimit_margin(const mokka_gpu_t *g, int *degrees);
