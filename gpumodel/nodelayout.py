@@ -44,6 +44,7 @@ class NodeLayout:
     cuda_library: str | None = None  # staged libcuda.so.<version> (None: staged by an older Mokka)
     machine: str = "x86_64"  # the node's architecture (uname -m): picks the library directory in containers
     caps_major: int | None = None  # /dev/nvidia-caps (MIG); None: no MIG-capable GPU, or an older Mokka's layout
+    kernel_log: str | None = None  # staged kernel log (Xid lines of injected faults); None: an older Mokka
     extra: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
