@@ -22,6 +22,7 @@ LIBDIRS_IN_CONTAINER = {"x86_64": "/usr/lib/x86_64-linux-gnu", "aarch64": "/usr/
 SMI_IN_CONTAINER = "/usr/bin/nvidia-smi"
 SHIM_IN_CONTAINER = "/usr/lib/mokka/libmokka-sysfs.so"
 TREES_IN_CONTAINER = "/run/mokka/root"  # MOKKA_SYSFS_ROOT: the staged sys/ and proc/ trees
+KERNEL_LOG_IN_CONTAINER = "/var/log/kern.log"  # the driver's Xid lines, where syslog puts kernel messages
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,8 @@ def common_edits(layout: NodeLayout) -> ContainerEdits:
         mounts.append(Mount(layout.cuda_library, f"{libdir}/libcuda.so.1"))
     if layout.nvidia_smi:
         mounts.append(Mount(layout.nvidia_smi, SMI_IN_CONTAINER))
+    if layout.kernel_log:
+        mounts.append(Mount(layout.kernel_log, KERNEL_LOG_IN_CONTAINER))
     env: list[str] = []
     if layout.sysfs_shim:
         # C tools (lspci, nvidia-smi topo's hwloc) read PCI sysfs and /proc/driver/nvidia;

@@ -14,6 +14,7 @@ Layout under ROOT (default /var/lib/mokka)::
     driver/usr/lib64/libnvidia-ml.so.<ver> (+ .so.1, .so)   the mock NVML, carrying the compiled state
     driver/usr/lib64/libcuda.so.<ver> (+ .so.1, .so)        the mock CUDA driver API
     driver/usr/bin/nvidia-smi                                the nvidia-smi binary given
+    driver/var/log/kern.log                                  the driver's Xid lines of injected faults (`mokka fault`)
     dev/nvidia0..N-1, nvidiactl, nvidia-uvm, ...             device nodes
     dev/nvidia-caps/nvidia-cap<N>                            MIG capabilities (MIG-capable GPUs)
     proc/driver/nvidia/..., proc/modules                     driver's procfs files
@@ -138,6 +139,7 @@ def plan(profile: Profile, options: Options) -> Plan:
         cuda_library=str(libdir / f"libcuda.so.{version}"),
         machine=machine,
         caps_major=numbers.caps if mig_boards else None,
+        kernel_log=str(root / "driver" / "var" / "log" / "kern.log"),
     )
     p = Plan(profile, options, layout)
 
@@ -165,6 +167,17 @@ def plan(profile: Profile, options: Options) -> Plan:
             j.write(Path(layout.nvidia_smi), smi_src.read_bytes(), 0o755)
 
         p.steps.append(Step(f"nvidia-smi from {smi_src} -> {layout.nvidia_smi}", smi))
+
+    def kernel_log(j: Journal) -> None:
+        # Created empty so containers can mount it; a re-run keeps what faults logged.
+        assert layout.kernel_log is not None
+        log = Path(layout.kernel_log)
+        if j.owns(log) and log.is_file():
+            j.keep(log)
+        else:
+            j.write(log, b"", 0o644)
+
+    p.steps.append(Step(f"kernel log for injected faults {layout.kernel_log}", kernel_log))
 
     def nodes(j: Journal) -> None:
         wanted = [edits.gpu_node(layout, g) for g in layout.gpus] + edits.control_nodes(layout)
