@@ -52,3 +52,17 @@ def test_bench_nri() -> None:
         "re-register after restart",
     ):
         assert figure in out
+
+
+def test_bench_fault() -> None:
+    out = bench("fault", "--gpus", "2", "--cli-rounds", "2", "--rounds", "5", "--calls", "10000")
+    for figure in (
+        "`mokka fault` returned -> a read sees it",
+        "faults.apply() returned -> a read sees it",
+        "reader process spinning meanwhile",
+        "Xid: apply() returned -> EventSetWait returns",
+        "stale reads after a return: 0 in 7 rounds",
+        "nvmlDeviceGetPowerUsage (sine pattern)",
+        "nvmlDeviceGetMemoryInfo (walk pattern)",
+    ):
+        assert figure in out

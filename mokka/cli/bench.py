@@ -51,3 +51,18 @@ def bench_host_setup(profile_name: str, rounds: int) -> None:
     from testbed import bench as benchmarks
 
     benchmarks.host_setup(profile_name, rounds)
+
+
+@bench.command("fault")
+@click.option("--profile", "profile_name", default="h100", show_default=True)
+@GPUS_OPTION
+@click.option("--cli-rounds", type=click.IntRange(1, 10_000), default=20, show_default=True,
+              help="`mokka fault` invocations timed (a process each).")  # fmt: skip
+@click.option("--rounds", type=click.IntRange(1, 1_000_000), default=200, show_default=True,
+              help="API calls timed, for the read latency and the event wake-up.")  # fmt: skip
+@click.option("--calls", type=click.IntRange(1), default=1_000_000, show_default=True, help="Calls per getter.")
+def bench_fault(profile_name: str, gpus: int | None, cli_rounds: int, rounds: int, calls: int) -> None:
+    """Fault to first NVML read (CLI and API), getter cost with patterns active, event wake-up."""
+    from testbed import fault_bench
+
+    fault_bench.run(load_profile(profile_name, gpus if gpus is not None else 8), cli_rounds, rounds, calls)

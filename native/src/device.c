@@ -404,7 +404,7 @@ static nvmlReturn_t clock_from(const mokka_gpu_t *g, size_t table, nvmlClockType
     uint32_t v;
     if (table == offsetof(mokka_gpu_t, clock_current)) {
         uint64_t now = mokka_wall_ms();
-        MOKKA_READ(g, v = mokka_clock_at(g, type, now));
+        MOKKA_READ(g, v = mokka_clock_at(g, type, now, 0));
     } else {
         MOKKA_READ(g, v = ((const uint32_t *)((const char *)g + table))[type]);
     }
@@ -484,7 +484,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, 
     GET_GPU(device, g);
     NEED(reasons);
     uint64_t now = mokka_wall_ms();
-    MOKKA_READ(g, *reasons = mokka_event_reasons_at(g, now));
+    MOKKA_READ(g, *reasons = mokka_event_reasons_at(g, now, 0));
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons) {

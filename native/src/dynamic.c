@@ -96,49 +96,82 @@ static uint64_t static_value(const mokka_gpu_t *g, unsigned metric) {
     }
 }
 
-uint64_t mokka_metric_at(const mokka_gpu_t *g, unsigned metric, uint64_t t_ms) {
+/* `past`: t_ms is a sample's time, before which an override did not yet apply. A read of
+ * the present always sees the override: the coarse clock may lag the writer's clock by a
+ * tick, and a fault must show at the very next call. */
+uint64_t mokka_metric_at(const mokka_gpu_t *g, unsigned metric, uint64_t t_ms, int past) {
     const mokka_pattern_t *p = &g->faults.override[metric];
-    if (p->kind == MOKKA_PATTERN_NONE || t_ms < p->start_ms) p = &g->patterns[metric];
-    if (p->kind == MOKKA_PATTERN_NONE || t_ms < p->start_ms) return static_value(g, metric);
+    if (p->kind == MOKKA_PATTERN_NONE || (past && t_ms < p->start_ms)) p = &g->patterns[metric];
+    if (p->kind == MOKKA_PATTERN_NONE || (past && t_ms < p->start_ms)) return static_value(g, metric);
     int64_t v = pattern_at(p, t_ms, g->n_procs);
     return v < 0 ? 0 : (uint64_t)v;
+}
+
+/* A varying metric's value is a pure function of the state (its latch counter names it) and
+ * the coarse clock, which ticks every few milliseconds: each thread remembers the last value
+ * it computed per record and metric, and a getter called again within the same tick of an
+ * unchanged state answers from there. An entry is stored only when the counter did not
+ * move while it was computed from the copy that counter names, so it never holds a torn value. */
+typedef struct {
+    const mokka_gpu_t *g;
+    uint64_t t_ms;
+    uint64_t value;
+    uint32_t seq;
+    uint32_t metric;
+} memo_t;
+
+#define MEMO_SLOTS 128 /* direct-mapped by GPU and metric: 16 GPUs' metrics without collisions */
+static __thread memo_t memo[MEMO_SLOTS];
+
+static int in_copy(const mokka_gpu_t *g, uint32_t seq) {
+    const mokka_gpu_t *first = g_state.gpus[seq & 1];
+    return g >= first && g < first + g_state.hdr->gpu_count;
 }
 
 uint64_t mokka_metric(const mokka_gpu_t *g, unsigned metric) {
     /* The clock is read only when something varies: a static metric costs two loads. */
     if (g->faults.override[metric].kind == MOKKA_PATTERN_NONE && g->patterns[metric].kind == MOKKA_PATTERN_NONE)
         return static_value(g, metric);
-    return mokka_metric_at(g, metric, mokka_wall_ms());
+    uint32_t seq = __atomic_load_n(&g_state.hdr->seq, __ATOMIC_ACQUIRE);
+    uint64_t now = mokka_wall_ms();
+    size_t slot = (size_t)(g - g_state.gpus[seq & 1]);
+    memo_t *m = &memo[(slot * MOKKA_METRICS + metric) % MEMO_SLOTS];
+    if (m->g == g && m->metric == metric && m->seq == seq && m->t_ms == now) return m->value;
+    uint64_t v = mokka_metric_at(g, metric, now, 0);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&g_state.hdr->seq, __ATOMIC_RELAXED) == seq && in_copy(g, seq))
+        *m = (memo_t){g, now, v, seq, metric};
+    return v;
 }
 
 /* ---- what follows from the values ------------------------------------------------------ */
 
 static int reached(uint64_t value, uint32_t threshold) { return !mokka_is_na(threshold) && value >= threshold; }
 
-unsigned long long mokka_event_reasons_at(const mokka_gpu_t *g, uint64_t t_ms) {
+unsigned long long mokka_event_reasons_at(const mokka_gpu_t *g, uint64_t t_ms, int past) {
     unsigned long long r = g->clocks_event_reasons;
-    uint64_t temp = mokka_metric_at(g, MOKKA_METRIC_TEMP_GPU, t_ms);
+    uint64_t temp = mokka_metric_at(g, MOKKA_METRIC_TEMP_GPU, t_ms, past);
     if (reached(temp, g->thresholds[NVML_TEMPERATURE_THRESHOLD_SLOWDOWN]))
         r |= nvmlClocksThrottleReasonHwSlowdown | nvmlClocksThrottleReasonHwThermalSlowdown;
     if (reached(temp, g->thresholds[NVML_TEMPERATURE_THRESHOLD_GPU_MAX]) ||
         (!mokka_is_na(g->temp_memory) &&
-         reached(mokka_metric_at(g, MOKKA_METRIC_TEMP_MEMORY, t_ms), g->thresholds[NVML_TEMPERATURE_THRESHOLD_MEM_MAX])))
+         reached(mokka_metric_at(g, MOKKA_METRIC_TEMP_MEMORY, t_ms, past), g->thresholds[NVML_TEMPERATURE_THRESHOLD_MEM_MAX])))
         r |= nvmlClocksEventReasonSwThermalSlowdown;
-    if ((g->flags & MOKKA_GPU_POWER_MANAGEMENT) && reached(mokka_metric_at(g, MOKKA_METRIC_POWER, t_ms), g->power_enforced_limit))
+    if ((g->flags & MOKKA_GPU_POWER_MANAGEMENT) && reached(mokka_metric_at(g, MOKKA_METRIC_POWER, t_ms, past), g->power_enforced_limit))
         r |= nvmlClocksEventReasonSwPowerCap;
-    if (mokka_metric_at(g, MOKKA_METRIC_UTIL_GPU, t_ms) > 0) r &= ~(unsigned long long)nvmlClocksEventReasonGpuIdle;
+    if (mokka_metric_at(g, MOKKA_METRIC_UTIL_GPU, t_ms, past) > 0) r &= ~(unsigned long long)nvmlClocksEventReasonGpuIdle;
     return r & g->supported_event_reasons;
 }
 
-uint32_t mokka_clock_at(const mokka_gpu_t *g, unsigned domain, uint64_t t_ms) {
+uint32_t mokka_clock_at(const mokka_gpu_t *g, unsigned domain, uint64_t t_ms, int past) {
     uint32_t v = g->clock_current[domain];
     if (mokka_is_na(v) || v == (uint32_t)MOKKA_DEPRECATED) return v;
-    if (domain == NVML_CLOCK_MEM) return (uint32_t)mokka_metric_at(g, MOKKA_METRIC_CLOCK_MEM, t_ms);
+    if (domain == NVML_CLOCK_MEM) return (uint32_t)mokka_metric_at(g, MOKKA_METRIC_CLOCK_MEM, t_ms, past);
     if (domain != NVML_CLOCK_GRAPHICS && domain != NVML_CLOCK_SM) return v;
-    v = (uint32_t)mokka_metric_at(g, MOKKA_METRIC_CLOCK_SM, t_ms);
+    v = (uint32_t)mokka_metric_at(g, MOKKA_METRIC_CLOCK_SM, t_ms, past);
     /* A hardware slowdown cuts the core clocks by at least half (the NVML documentation of
      * nvmlClocksThrottleReasonHwSlowdown). */
-    if (reached(mokka_metric_at(g, MOKKA_METRIC_TEMP_GPU, t_ms), g->thresholds[NVML_TEMPERATURE_THRESHOLD_SLOWDOWN]))
+    if (reached(mokka_metric_at(g, MOKKA_METRIC_TEMP_GPU, t_ms, past), g->thresholds[NVML_TEMPERATURE_THRESHOLD_SLOWDOWN]))
         v /= 2;
     return v;
 }
@@ -148,15 +181,15 @@ uint32_t mokka_clock_at(const mokka_gpu_t *g, unsigned domain, uint64_t t_ms) {
 /* The value of one sampling type at time t, or MOKKA_NA when the type is not supported. */
 static uint32_t sample_value(const mokka_gpu_t *g, nvmlSamplingType_t type, uint64_t t_ms) {
     switch (type) {
-    case NVML_TOTAL_POWER_SAMPLES: return (uint32_t)mokka_metric_at(g, MOKKA_METRIC_POWER, t_ms);
-    case NVML_GPU_UTILIZATION_SAMPLES: return (uint32_t)mokka_metric_at(g, MOKKA_METRIC_UTIL_GPU, t_ms);
-    case NVML_MEMORY_UTILIZATION_SAMPLES: return (uint32_t)mokka_metric_at(g, MOKKA_METRIC_UTIL_MEMORY, t_ms);
+    case NVML_TOTAL_POWER_SAMPLES: return (uint32_t)mokka_metric_at(g, MOKKA_METRIC_POWER, t_ms, 1);
+    case NVML_GPU_UTILIZATION_SAMPLES: return (uint32_t)mokka_metric_at(g, MOKKA_METRIC_UTIL_GPU, t_ms, 1);
+    case NVML_MEMORY_UTILIZATION_SAMPLES: return (uint32_t)mokka_metric_at(g, MOKKA_METRIC_UTIL_MEMORY, t_ms, 1);
     case NVML_ENC_UTILIZATION_SAMPLES: return g->util_encoder;
     case NVML_DEC_UTILIZATION_SAMPLES: return g->util_decoder;
     case NVML_JPG_UTILIZATION_SAMPLES: return g->util_jpeg;
     case NVML_OFA_UTILIZATION_SAMPLES: return g->util_ofa;
-    case NVML_PROCESSOR_CLK_SAMPLES: return mokka_clock_at(g, NVML_CLOCK_SM, t_ms);
-    case NVML_MEMORY_CLK_SAMPLES: return mokka_clock_at(g, NVML_CLOCK_MEM, t_ms);
+    case NVML_PROCESSOR_CLK_SAMPLES: return mokka_clock_at(g, NVML_CLOCK_SM, t_ms, 1);
+    case NVML_MEMORY_CLK_SAMPLES: return mokka_clock_at(g, NVML_CLOCK_MEM, t_ms, 1);
     case NVML_MODULE_POWER_SAMPLES: return g->module_power_usage;
     default: return (uint32_t)MOKKA_NA;
     }

@@ -106,9 +106,11 @@ unsigned mokka_processes(const mokka_gpu_t *g, unsigned type, mokka_process_t ou
 /* Time-varying metrics (dynamic.c): read under the latch, like any field of the record. */
 uint64_t mokka_wall_ms(void);
 uint64_t mokka_metric(const mokka_gpu_t *g, unsigned metric); /* MOKKA_METRIC_*, now */
-uint64_t mokka_metric_at(const mokka_gpu_t *g, unsigned metric, uint64_t t_ms);
-uint32_t mokka_clock_at(const mokka_gpu_t *g, unsigned domain, uint64_t t_ms); /* current clock of a domain */
-unsigned long long mokka_event_reasons_at(const mokka_gpu_t *g, uint64_t t_ms);
+/* ..._at(t_ms, past): past = 1 for a sample's time (an override applies from its start on),
+ * 0 for the present (an override applies at once). */
+uint64_t mokka_metric_at(const mokka_gpu_t *g, unsigned metric, uint64_t t_ms, int past);
+uint32_t mokka_clock_at(const mokka_gpu_t *g, unsigned domain, uint64_t t_ms, int past); /* a domain's current clock */
+unsigned long long mokka_event_reasons_at(const mokka_gpu_t *g, uint64_t t_ms, int past);
 nvmlReturn_t mokka_copy_string(char *dst, unsigned int length, const char *src, size_t src_size);
 /* The GPU's T.Limit margin: degrees below its maximum operating temperature (thermal.c). */
 nvmlReturn_t mokka_tlimit_margin(const mokka_gpu_t *g, int *degrees);
