@@ -108,20 +108,21 @@ uint64_t mokka_metric_at(const mokka_gpu_t *g, unsigned metric, uint64_t t_ms, i
 }
 
 /* A varying metric's value is a pure function of the state (its latch counter names it) and
- * the coarse clock, which ticks every few milliseconds: each thread remembers the last value
- * it computed per record and metric, and a getter called again within the same tick of an
- * unchanged state answers from there. An entry is stored only when the counter did not
- * move while it was computed from the copy that counter names, so it never holds a torn value. */
+ * the coarse clock, which ticks every few milliseconds: the library remembers the last value
+ * computed per GPU and metric, and a getter called again within the same tick of an
+ * unchanged state answers from there. An entry is stored only when the counter did not move
+ * while it was computed from the copy that counter names, so it never holds a torn value.
+ * Threads share the entries: each has its own small seqlock (a writer that finds it taken
+ * just skips storing), so a reader never takes a value from a half-written entry. No TLS:
+ * that would tie the library to the dynamic loader's __tls_get_addr. */
 typedef struct {
-    const mokka_gpu_t *g;
-    uint64_t t_ms;
+    uint32_t lock;  /* odd while a thread writes the entry */
+    uint32_t seq;   /* the state's latch counter the value belongs to */
+    uint64_t t_ms;  /* the coarse clock it belongs to */
     uint64_t value;
-    uint32_t seq;
-    uint32_t metric;
 } memo_t;
 
-#define MEMO_SLOTS 128 /* direct-mapped by GPU and metric: 16 GPUs' metrics without collisions */
-static __thread memo_t memo[MEMO_SLOTS];
+static memo_t memo[MOKKA_MAX_GPUS * MOKKA_METRICS];
 
 static int in_copy(const mokka_gpu_t *g, uint32_t seq) {
     const mokka_gpu_t *first = g_state.gpus[seq & 1];
@@ -134,13 +135,25 @@ uint64_t mokka_metric(const mokka_gpu_t *g, unsigned metric) {
         return static_value(g, metric);
     uint32_t seq = __atomic_load_n(&g_state.hdr->seq, __ATOMIC_ACQUIRE);
     uint64_t now = mokka_wall_ms();
-    size_t slot = (size_t)(g - g_state.gpus[seq & 1]);
-    memo_t *m = &memo[(slot * MOKKA_METRICS + metric) % MEMO_SLOTS];
-    if (m->g == g && m->metric == metric && m->seq == seq && m->t_ms == now) return m->value;
+    if (!in_copy(g, seq)) return mokka_metric_at(g, metric, now, 0); /* a writer moved on: MOKKA_READ retries */
+    memo_t *m = &memo[(size_t)(g - g_state.gpus[seq & 1]) * MOKKA_METRICS + metric];
+    uint32_t lock = __atomic_load_n(&m->lock, __ATOMIC_ACQUIRE);
+    if (!(lock & 1)) {
+        uint32_t m_seq = __atomic_load_n(&m->seq, __ATOMIC_RELAXED);
+        uint64_t m_t = __atomic_load_n(&m->t_ms, __ATOMIC_RELAXED), v = __atomic_load_n(&m->value, __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&m->lock, __ATOMIC_RELAXED) == lock && m_seq == seq && m_t == now) return v;
+    }
     uint64_t v = mokka_metric_at(g, metric, now, 0);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (__atomic_load_n(&g_state.hdr->seq, __ATOMIC_RELAXED) == seq && in_copy(g, seq))
-        *m = (memo_t){g, now, v, seq, metric};
+    if (__atomic_load_n(&g_state.hdr->seq, __ATOMIC_RELAXED) != seq) return v; /* computed across a publish */
+    lock = __atomic_load_n(&m->lock, __ATOMIC_RELAXED);
+    if ((lock & 1) || !__atomic_compare_exchange_n(&m->lock, &lock, lock + 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return v; /* another thread is storing: leave it */
+    __atomic_store_n(&m->seq, seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->t_ms, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->value, v, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->lock, lock + 2, __ATOMIC_RELEASE);
     return v;
 }
 
