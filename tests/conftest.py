@@ -15,7 +15,7 @@ from testbed import nvidia_smi
 
 SMI_VERSIONS = ["550", "535", "555"]
 
-pytest_plugins = ["e2e_fixtures", "mig_fixtures", "cluster_fixtures"]
+pytest_plugins = ["e2e_fixtures", "mig_fixtures", "cluster_fixtures", "fault_fixtures"]
 
 
 class Staged:
