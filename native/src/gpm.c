@@ -76,7 +76,8 @@ EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample
     if (!sample || sample->magic != GPM_SAMPLE_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
     if (!gpm_supported(g)) return NVML_ERROR_NOT_SUPPORTED;
     sample->slot = ((const struct nvmlDevice_st *)device)->slot;
-    MOKKA_READ(g, (sample->util_gpu = g->util_gpu, sample->util_memory = g->util_memory,
+    MOKKA_READ(g, (sample->util_gpu = (uint32_t)mokka_metric(g, MOKKA_METRIC_UTIL_GPU),
+                   sample->util_memory = (uint32_t)mokka_metric(g, MOKKA_METRIC_UTIL_MEMORY),
                    sample->util_decoder = g->util_decoder, sample->util_jpeg = g->util_jpeg,
                    sample->util_ofa = g->util_ofa, sample->pcie_tx_kbps = g->pcie_tx_kbps,
                    sample->pcie_rx_kbps = g->pcie_rx_kbps, sample->nvlinks = g->nvlink_count));

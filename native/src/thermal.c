@@ -6,7 +6,7 @@
 
 nvmlReturn_t mokka_tlimit_margin(const mokka_gpu_t *g, int *degrees) {
     uint32_t max, now;
-    MOKKA_READ(g, (max = g->thresholds[NVML_TEMPERATURE_THRESHOLD_GPU_MAX], now = g->temp_gpu));
+    MOKKA_READ(g, (max = g->thresholds[NVML_TEMPERATURE_THRESHOLD_GPU_MAX], now = (uint32_t)mokka_metric(g, MOKKA_METRIC_TEMP_GPU)));
     if (!(g->flags & MOKKA_GPU_TLIMIT) || mokka_is_na(max)) return NVML_ERROR_NOT_SUPPORTED;
     *degrees = (int)max - (int)now;
     return NVML_SUCCESS;
