@@ -482,15 +482,19 @@ def _log_lock(target: Target) -> Iterator[None]:
         os.close(fd)
 
 
-def apply(target: Target, orders: Sequence[Order], now_ms: int | None = None) -> list[Result]:
+def apply(target: Target, orders: Sequence[Order], now_ms: int | None = None, tag: int | None = None) -> list[Result]:
     """Apply faults in one update (every reader sees all of them or none); return what each did.
 
-    Raises FaultError (nothing changed) when a fault does not fit a GPU."""
+    ``tag`` (when given) is recorded with them in the state (:func:`applied_tag`): what the
+    cluster's fault watcher applied. Raises FaultError (nothing changed) when a fault does
+    not fit a GPU."""
     results: list[Result] = []
     log: list[str] = []
 
     def change(node: Any, records: Any) -> None:
         now = int(time.time() * 1000) if now_ms is None else now_ms
+        if tag is not None:
+            node.fault_tag = tag
         for gpus_, fault in orders:
             for gpu in gpus_:
                 c = _Context(node, records[gpu.slot], gpu, now, log)
@@ -528,6 +532,12 @@ def _describe_override(name: str, p: Any) -> str:
     if p.kind == dynamic.KIND["ramp"]:
         return f"{METRIC_LABEL[name]} {a:g} -> {b:g} {m.unit} over {int(p.period_ms) / 1000:g} s"
     return f"{METRIC_LABEL[name]} {a:g} {m.unit}"
+
+
+def applied_tag(target: Target) -> int:
+    """The tag the last :func:`apply` given one recorded (0: none since the state was compiled)."""
+    with _snapshot(target) as (node, _records, _count):
+        return int(node.fault_tag)
 
 
 def active(target: Target) -> dict[int, list[str]]:

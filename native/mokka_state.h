@@ -386,6 +386,7 @@ typedef struct {
 typedef struct {
     uint64_t generation;        /* completed updates since the state was compiled */
     uint64_t events;            /* events raised on any GPU: orders them across GPUs */
+    uint64_t fault_tag;         /* which cluster fault entry the faults came from (k8snode/faultwatch.py); 0: none */
 } mokka_node_t;
 
 typedef struct {

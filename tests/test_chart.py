@@ -148,6 +148,13 @@ MATRIX: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
     "names": ({"fullnameOverride": "gpu-sim", "image": {"tag": "dev", "pullPolicy": "Never"}}, "1.31.0", ()),
     "policy-forced": ({"rbac": {"ownNodePolicy": True}}, "1.31.0", ()),
     "policy-off": ({"rbac": {"ownNodePolicy": False}}, "1.31.0", (VAP,)),
+    "faults": ({"faults": {"enabled": True}}, "1.31.0", (VAP,)),
+    "faults-own-configmap": (
+        {"faults": {"enabled": True, "configMap": "node-faults", "create": False}, "nodeInfo": {"enabled": False}},
+        "1.29.0",
+        (),
+    ),
+    "faults-no-rbac": ({"faults": {"enabled": True}, "rbac": {"create": False}}, "1.31.0", ()),
     **{f"profile-{n}": ({"gpu": {"profile": n}}, "1.31.0", ()) for n in profile.builtin_names()},
 }
 
@@ -190,7 +197,10 @@ def check_daemonset(docs: Docs, given: dict[str, Any]) -> None:
         "host-setup",
         *(["node-identity"] if v["nodeInfo"]["enabled"] else []),
     ]
-    assert [c["name"] for c in spec["containers"]] == ["nri-plugin"]
+    assert [c["name"] for c in spec["containers"]] == [
+        "nri-plugin",
+        *(["fault-watcher"] if v["faults"]["enabled"] else []),
+    ]
 
     # Privileged only where staging needs it.
     privileged = sorted(n for n, c in by_name.items() if c.get("securityContext", {}).get("privileged"))
@@ -239,7 +249,9 @@ def check_daemonset(docs: Docs, given: dict[str, Any]) -> None:
         assert node_args[node_args.index("--profile") + 1] == want_profile
         assert spec["automountServiceAccountToken"] is True
     else:
-        assert spec["automountServiceAccountToken"] is False
+        assert spec["automountServiceAccountToken"] is v["faults"]["enabled"]
+    if v["faults"]["enabled"]:
+        check_fault_watcher(docs, v)
 
     # Every mount names a volume, every volume is mounted, host paths are where the CLI looks.
     volumes = {vol["name"]: vol for vol in spec["volumes"]}
@@ -268,11 +280,42 @@ def check_daemonset(docs: Docs, given: dict[str, Any]) -> None:
     assert {c["image"] for c in by_name.values()} == {image}
 
 
+def check_fault_watcher(docs: Docs, v: dict[str, Any]) -> None:
+    """The fault watcher: `python3 -m k8snode.faultwatch` on the staged root, its ConfigMap, no privileges."""
+    watcher = containers(docs)["fault-watcher"]
+    name = v["faults"]["configMap"] or f"{RELEASE}-mokka-faults"
+    assert watcher["command"] == ["python3", "-m", "k8snode.faultwatch"]
+    assert watcher["args"] == ["--root", v["hostSetup"]["root"], "--configmap", name]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in watcher["env"]}
+    assert env == {"NODE_NAME": "spec.nodeName", "POD_NAMESPACE": "metadata.namespace"}
+    sc = watcher["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
+    assert {m["name"]: m.get("readOnly", False) for m in watcher["volumeMounts"]} == {"root": False, "tmp": False}
+    made = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name]
+    assert len(made) == int(v["faults"]["create"])
+    if made:
+        assert made[0]["data"] == {} and made[0]["metadata"]["namespace"] == NAMESPACE
+
+
 def check_rbac(docs: Docs, given: dict[str, Any], policy_expected: bool) -> None:
     v = merged(given)
     wanted = v["nodeInfo"]["enabled"] and v["rbac"]["create"]
-    roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role")]
-    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    roles = [d for d in docs if d["kind"] == "ClusterRole"]
+    fault_roles = [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    if v["faults"]["enabled"] and v["rbac"]["create"]:
+        # list and watch of the one fault ConfigMap, in the release's namespace.
+        name = v["faults"]["configMap"] or f"{RELEASE}-mokka-faults"
+        assert one(docs, "Role")["rules"] == [
+            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [name], "verbs": ["list", "watch"]}
+        ]
+        binding = one(docs, "RoleBinding")
+        assert binding["roleRef"]["name"] == one(docs, "Role")["metadata"]["name"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": pod_spec(docs)["serviceAccountName"], "namespace": NAMESPACE}
+        ]
+    else:
+        assert fault_roles == []
     if not wanted:
         assert roles == [] and not [d for d in docs if d["kind"] == "ClusterRoleBinding"]
         assert not [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]

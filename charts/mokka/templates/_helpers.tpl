@@ -86,3 +86,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The fault ConfigMap's name (faults.enabled). */}}
+{{- define "mokka.faultsConfigMap" -}}
+{{- default (printf "%s-faults" (include "mokka.fullname" .) | trunc 63 | trimSuffix "-") .Values.faults.configMap }}
+{{- end }}
