@@ -1,0 +1,179 @@
+"""NVIDIA's device plugin v0.18.0 (the real binary, built from the Go module proxy) marks exactly
+the faulted GPU unhealthy after `mokka fault xid 79 --gpu 3`, seen through its gRPC API
+(ListAndWatch), as the kubelet sees it.
+
+The plugin runs in a private mount namespace (its socket directory, /var/lib/kubelet/
+device-plugins, is a tmpfs there; the driver root's usr and dev are bind-mounted where its
+--driver-root points). The test plays the kubelet's device manager: it answers the plugin's
+Registration and opens ListAndWatch on the plugin's socket. v0.18.0 never marks a device
+healthy again while it runs ("there is no way to recover from the Unhealthy state"), so
+after `clear` health comes back only with a restarted plugin; and while a GPU is lost the
+plugin cannot start (its device discovery fails on the lost GPU's handle, as on a real node).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from gpumodel import profile
+from hostsetup import node as hostnode
+from testbed import debcache
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+VERSION = "v0.18.0"
+SOCKET = "/var/lib/kubelet/device-plugins/nvidia-gpu.sock"
+
+
+def plugin_binary() -> Path:
+    found = sorted(
+        (debcache.default_cache() / "kube" / "bin").glob(f"k8s-device-plugin-{VERSION}-*/nvidia-device-plugin")
+    )
+    found = [p for p in found if p.parent.joinpath("build.json").is_file()]
+    if not found:
+        pytest.skip(f"NVIDIA's device plugin {VERSION} is not built in the cache (the cluster parts build it)")
+    return found[-1]
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    import deviceplugin_api
+
+    return deviceplugin_api.generate(tmp_path_factory.mktemp("deviceplugin-api"))
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("a private mount namespace and device nodes: needs root")
+    root = tmp_path / "node"
+    hostnode.apply(hostnode.plan(profile.load("h100").with_count(4), hostnode.Options(root=root)))
+    yield root
+    hostnode.cleanup(root)
+
+
+RUN = """set -e
+mount -t tmpfs tmpfs /var/lib/kubelet
+mkdir -p /var/lib/kubelet/device-plugins "$DRIVER_ROOT/usr" "$DRIVER_ROOT/dev"
+mount --bind "$NODE/driver/usr" "$DRIVER_ROOT/usr"
+mount --bind "$NODE/dev" "$DRIVER_ROOT/dev"
+exec "$PLUGIN" --kubelet-socket "$KUBELET_SOCKET" --driver-root "$DRIVER_ROOT" --dev-root "$DRIVER_ROOT" \\
+    --device-list-strategy envvar --device-id-strategy uuid --fail-on-init-error=true
+"""
+
+
+class Plugin:
+    """The device plugin in its own mount namespace, registering at our kubelet socket."""
+
+    def __init__(self, binary: Path, node: Path, kubelet_socket: Path, log: Path) -> None:
+        driver_root = node.parent / "driver-root"
+        env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "NODE": str(node),
+            "DRIVER_ROOT": str(driver_root),
+            "PLUGIN": str(binary),
+            "KUBELET_SOCKET": str(kubelet_socket),
+            "LD_LIBRARY_PATH": str(driver_root / "usr" / "lib64"),
+        }
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "sh", "-c", RUN], env=env, stdout=out, stderr=out
+            )
+
+    @property
+    def socket(self) -> str:
+        return f"/proc/{self.proc.pid}/root{SOCKET}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+
+@asynccontextmanager
+async def kubelet(api: ModuleType, socket: Path) -> AsyncIterator[asyncio.Queue[str]]:
+    """The kubelet's Registration service: each plugin that registers is put on the queue."""
+    from grpclib.server import Server
+
+    registered: asyncio.Queue[str] = asyncio.Queue()
+
+    class Registration(api.RegistrationBase):  # type: ignore[misc, name-defined]
+        async def register(self, request: Any) -> Any:
+            await registered.put(f"{request.resource_name} {request.endpoint}")
+            return api.Empty()
+
+    server = Server([Registration()])
+    await server.start(path=str(socket))
+    try:
+        yield registered
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def health_stream(api: ModuleType, plugin: Plugin) -> AsyncIterator[dict[str, str]]:
+    from grpclib.client import Channel
+
+    channel = Channel(path=plugin.socket)
+    try:
+        async for response in api.DevicePluginStub(channel).list_and_watch(api.Empty()):
+            yield {d.id: d.health for d in response.devices}
+    finally:
+        channel.close()
+
+
+def fault(root: Path, *args: str) -> None:
+    argv = [sys.executable, "-m", "mokka.cli", "fault", *args, "--root", str(root)]
+    subprocess.run(argv, check=True, capture_output=True, text=True)
+
+
+def test_xid_79_marks_exactly_that_gpu_unhealthy(api: ModuleType, node: Path, tmp_path: Path) -> None:
+    binary = plugin_binary()
+    uuids = [d.uuid for d in profile.load("h100").with_count(4).devices()]
+    log = tmp_path / "plugin.log"
+
+    async def scenario() -> None:
+        async with kubelet(api, tmp_path / "kubelet.sock") as registered:
+            plugin = Plugin(binary, node, tmp_path / "kubelet.sock", log)
+            try:
+                assert await asyncio.wait_for(registered.get(), 120) == "nvidia.com/gpu nvidia-gpu.sock"
+                stream = health_stream(api, plugin)
+                assert await asyncio.wait_for(anext(stream), 60) == dict.fromkeys(uuids, "Healthy")
+                fault(node, "xid", "13", "--gpu", "2")  # an application Xid: the plugin ignores it
+                fault(node, "xid", "79", "--gpu", "3")
+                after = await asyncio.wait_for(anext(stream), 120)
+                assert after == {**dict.fromkeys(uuids[:3], "Healthy"), uuids[3]: "Unhealthy"}, log.read_text()
+                await stream.aclose()
+            finally:
+                plugin.stop()
+
+            # While GPU 3 is lost a fresh plugin cannot even list the GPUs (v0.18.0 exits).
+            lost = Plugin(binary, node, tmp_path / "kubelet.sock", log)
+            assert lost.proc.wait(timeout=120) != 0
+            assert "error getting device handle for index '3'" in log.read_text()
+
+            # `clear`, then a restarted plugin: all four healthy again.
+            fault(node, "clear", "--gpu", "3")
+            again = Plugin(binary, node, tmp_path / "kubelet.sock", log)
+            try:
+                await asyncio.wait_for(registered.get(), 120)
+                stream = health_stream(api, again)
+                assert await asyncio.wait_for(anext(stream), 60) == dict.fromkeys(uuids, "Healthy")
+                await stream.aclose()
+            finally:
+                again.stop()
+
+    asyncio.run(scenario())
+    assert "XidCriticalError: Xid=79 on Device=" + uuids[3] in log.read_text()
+    skipped = [line for line in log.read_text().splitlines() if "Skipping event" in line]
+    assert len(skipped) == 1 and "EventData:13 " in skipped[0]
