@@ -166,3 +166,18 @@ def test_host_cleanup_removes_faults_and_their_log(tmp_path: Path) -> None:
     assert "Xid" in target.kernel_log.read_text(), "a re-run keeps the log"
     hostnode.cleanup(root)
     assert not root.exists() or not any(root.iterdir())
+
+
+def test_containers_get_the_kernel_log(tmp_path: Path) -> None:
+    """The edits model (NRI and CDI alike) mounts the staged kernel log read-only at /var/log/kern.log."""
+    from gpumodel import edits, nodelayout
+
+    if os.geteuid() != 0:
+        pytest.skip("host setup makes device nodes: needs root")
+    root = tmp_path / "root"
+    hostnode.apply(hostnode.plan(profile.load("h100").with_count(1), hostnode.Options(root=root)))
+    layout = nodelayout.NodeLayout.load(root)
+    mounts = {m.container_path: m for m in edits.container_edits(layout, layout.gpus).mounts}
+    log = mounts["/var/log/kern.log"]
+    assert log.host_path == str(root / "driver/var/log/kern.log") and "ro" in log.options
+    hostnode.cleanup(root)
