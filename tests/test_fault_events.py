@@ -130,3 +130,17 @@ def test_the_lost_gpu_xid_arrives_with_a_handle_that_still_names_it(fault_node: 
     lines = consumer.lines()
     assert lines[0] == ["3", "8", "79", faults.gpus(node.target)[3].uuid]
     assert lines[1] == ["timeout"], "no GPU_IS_LOST from the wait: the other GPUs are fine"
+
+
+def test_a_state_compiled_afresh_keeps_delivering(fault_node: Callable[..., FaultNode]) -> None:
+    """A host setup re-run refreshes the state in place (its event counts start over): a set
+    that had consumed events before still gets the new ones."""
+    from gpumodel import driver_root
+
+    node = fault_node("h100", 2)
+    consumer = Consumer(node, 0x8, 3)
+    for code in (13, 31):
+        node.fault("xid", str(code), "--gpu", "0")
+    driver_root.stage(node.profile, node.root.root)  # refreshed in place: the same inode
+    node.fault("xid", "43", "--gpu", "0")  # GPU 0's count starts over below what the set consumed
+    assert [(int(i), int(d)) for i, _t, d, _u in consumer.lines()] == [(0, 13), (0, 31), (0, 43)]
