@@ -27,7 +27,6 @@ import pytest
 
 from gpumodel import profile
 from hostsetup import node as hostnode
-from testbed import debcache
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -36,13 +35,16 @@ SOCKET = "/var/lib/kubelet/device-plugins/nvidia-gpu.sock"
 
 
 def plugin_binary() -> Path:
-    found = sorted(
-        (debcache.default_cache() / "kube" / "bin").glob(f"k8s-device-plugin-{VERSION}-*/nvidia-device-plugin")
-    )
-    found = [p for p in found if p.parent.joinpath("build.json").is_file()]
-    if not found:
-        pytest.skip(f"NVIDIA's device plugin {VERSION} is not built in the cache (the cluster parts build it)")
-    return found[-1]
+    """The cluster's build of the device plugin (built first when .ci/setup did not)."""
+    from cluster_fixtures import ensure_binaries
+
+    from testbed.kube import binaries, versions
+
+    assert versions.DEVICE_PLUGIN == VERSION
+    ensure_binaries()
+    built = binaries.cached()
+    assert built is not None
+    return built.device_plugin / "nvidia-device-plugin"
 
 
 @pytest.fixture(scope="module")
