@@ -122,11 +122,11 @@ def test_nvidia_smi_prints_the_sample_blocks(tmp_path: Path, smi: tuple[str, Pat
 def test_a_pattern_that_does_not_fit_the_board_is_refused() -> None:
     cases = [
         ({"memory_used_mib": {"pattern": "constant", "value": 10**6}}, "h100",
-         "gpu: Value error, dynamic.memory_used_mib: reaches beyond memory.total_mib"),
+         "gpu.dynamic.memory_used_mib: reaches beyond memory.total_mib - memory.reserved_mib"),
         ({"utilization_gpu": {"pattern": "sine", "mean": 90, "amplitude": 20, "period_s": 5}}, "h100",
-         "gpu.dynamic: Value error, utilization_gpu: the pattern reaches 70..110 %, outside 0..100"),
+         "gpu.dynamic.utilization_gpu: the pattern reaches 70..110 %, outside 0..100"),
         ({"power_w": {"pattern": "walk", "low": 5, "high": 1, "step_s": 1}}, "h100",
-         "gpu.dynamic.power_w.walk: Value error, need low <= high"),
+         "gpu.dynamic.power_w.walk: need low <= high"),
         ({"power_w": {"pattern": "square"}}, "h100", "gpu.dynamic.power_w: Input tag 'square' found"),
     ]  # fmt: skip
     for dyn, name, problem in cases:
