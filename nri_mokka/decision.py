@@ -3,8 +3,24 @@
 ``decide(container, layout, config, mig)`` looks only at its arguments — no sockets, no files —
 so every rule is unit-tested without containerd. ``mig`` is the node's MIG layout as it stands
 (``gpumodel.mig_state``): a GPU with MIG on is handed out as its MIG devices (``"<gpu>:<mig>"``
-or ``MIG-<uuid>`` wherever GPUs are named), as NVIDIA's toolkit does. The NRI plugin renders the returned
-edits as a ContainerAdjustment; a container that did not ask for GPUs is never failed.
+or ``MIG-<uuid>`` wherever GPUs are named), as NVIDIA's toolkit does. The NRI plugin renders
+the returned edits as a ContainerAdjustment; a container that did not ask for GPUs is never
+failed.
+
+Who allocates GPUs is the configuration's ``allocator``:
+
+* ``nri`` (standalone, the default): Mokka does. Every selected container gets every GPU of
+  the node, or those ``mokka.io/gpus`` names; an allocation the container already carries
+  (``NVIDIA_VISIBLE_DEVICES``, ``/dev/nvidia*`` devices, CDI devices) is kept.
+* ``external``: a device plugin or DRA driver does, as on a GPU node with NVIDIA's stack in
+  charge. A container without an allocation gets nothing; one with an allocation gets what
+  the NVIDIA container runtime would give it: its GPUs' device nodes, the control nodes, the
+  library, state and nvidia-smi. CDI requests (annotations, CRI CDI devices) are applied by
+  the runtime from the CDI spec before the plugin sees the container, and left alone.
+
+The plugin reads only what a decision can depend on: annotations under
+``ANNOTATION_PREFIXES``, the environment variables in ``ENV_READ`` and ``/dev/nvidia*``
+device paths, besides the names and the namespace (``relevant_*`` below say which).
 """
 
 from __future__ import annotations
@@ -21,7 +37,25 @@ from gpumodel.nodelayout import GpuNode, NodeLayout
 ANNOTATION_INJECT = "mokka.io/inject"  # "true" opts in (opt-in mode), "false" opts out
 ANNOTATION_GPUS = "mokka.io/gpus"  # "all", or indices / UUIDs / <gpu>:<mig> / MIG UUIDs, comma separated
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+ANNOTATION_PREFIXES = ("mokka.io/", CDI_ANNOTATION_PREFIX)  # the annotations decisions read
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+ENV_READ = (VISIBLE_DEVICES,)  # the environment decisions read
+DEVICE_PREFIX = "/dev/nvidia"  # the device paths decisions read
 DEVICE_RE = re.compile(r"^/dev/nvidia(\d+)$")
+ALLOCATORS = ("nri", "external")
+
+
+def relevant_annotation(key: str) -> bool:
+    return key.startswith(ANNOTATION_PREFIXES)
+
+
+def relevant_env(entry: str) -> bool:
+    """``entry`` is ``KEY=value``."""
+    return entry.partition("=")[0] in ENV_READ
+
+
+def relevant_device(path: str) -> bool:
+    return path.startswith(DEVICE_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -30,29 +64,40 @@ class Config:
     exclude_namespaces: frozenset[str] = frozenset({"kube-system"})
     cdi_kind: str = "nvidia.com/gpu"
     cdi_devices: bool = False  # hand GPUs over as CDI device references (runtimes with NRI >= 0.7)
+    allocator: Literal["nri", "external"] = "nri"  # who hands out GPUs: Mokka, or a device plugin / DRA
 
     @classmethod
-    def parse(cls, data: Mapping[str, object]) -> Config:
-        """From the plugin's config string (YAML/JSON mapping); unknown keys are an error."""
-        known = {"mode", "excludeNamespaces", "cdiKind", "cdiDevices"}
+    def parse(cls, data: Mapping[str, object], base: Config | None = None) -> Config:
+        """From the plugin's config string (YAML/JSON mapping) over ``base``; unknown keys are an error."""
+        base = base or cls()
+        known = {"mode", "excludeNamespaces", "cdiKind", "cdiDevices", "allocator"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(
                 f"unknown plugin config keys: {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})"
             )
-        mode = data.get("mode", "all")
+        mode = data.get("mode", base.mode)
         if mode not in ("all", "opt-in"):
             raise ValueError(f"mode must be 'all' or 'opt-in', not {mode!r}")
-        namespaces = data.get("excludeNamespaces", ["kube-system"])
+        namespaces = data.get("excludeNamespaces", sorted(base.exclude_namespaces))
         if not isinstance(namespaces, list) or not all(isinstance(n, str) for n in namespaces):
             raise ValueError("excludeNamespaces must be a list of names")
-        kind = data.get("cdiKind", "nvidia.com/gpu")
+        kind = data.get("cdiKind", base.cdi_kind)
         if not isinstance(kind, str):
             raise ValueError("cdiKind must be a string")
-        cdi_devices = data.get("cdiDevices", False)
+        cdi_devices = data.get("cdiDevices", base.cdi_devices)
         if not isinstance(cdi_devices, bool):
             raise ValueError("cdiDevices must be true or false")
-        return cls(mode=mode, exclude_namespaces=frozenset(namespaces), cdi_kind=kind, cdi_devices=cdi_devices)
+        allocator = data.get("allocator", base.allocator)
+        if allocator not in ALLOCATORS:
+            raise ValueError(f"allocator must be 'nri' or 'external', not {allocator!r}")
+        return cls(
+            mode=mode,
+            exclude_namespaces=frozenset(namespaces),
+            cdi_kind=kind,
+            cdi_devices=cdi_devices,
+            allocator=allocator,  # type: ignore[arg-type]  # checked against ALLOCATORS above
+        )
 
 
 @dataclass(frozen=True)
@@ -81,22 +126,29 @@ class Decision:
     # supplies the device nodes itself (the runtime then injects the spec's edits instead).
     cdi_devices: tuple[str, ...] = ()
 
-    def summary(self, c: Container) -> str:
-        who = f"{c.pod_namespace}/{c.pod_name}/{c.name}"
+    def describe(self) -> str:
+        """What was decided and why, without naming the container."""
         if self.error:
-            return f"{who}: refused: {self.error}"
+            return f"refused: {self.error}"
         if self.edits is None:
-            return f"{who}: untouched ({self.reason})"
+            return f"untouched ({self.reason})"
         gpus = ",".join([str(g.index) for g in self.gpus] + [f"{d.gpu}:{d.index}" for d in self.mig_devices]) or "none"
         return (
-            f"{who}: GPUs {gpus} ({self.reason}): {len(self.edits.device_nodes)} device nodes, "
+            f"GPUs {gpus} ({self.reason}): {len(self.edits.device_nodes)} device nodes, "
             f"{len(self.edits.mounts)} mounts, env {' '.join(k for k in self.edits.env_dict())}"
         )
+
+    def summary(self, c: Container) -> str:
+        return f"{c.pod_namespace}/{c.pod_name}/{c.name}: {self.describe()}"
+
+
+def _flag(c: Container) -> str:
+    return c.annotations.get(ANNOTATION_INJECT, c.pod_annotations.get(ANNOTATION_INJECT, "")).strip().lower()
 
 
 def _selected(c: Container, config: Config) -> str | None:
     """None when the container takes part; else why not."""
-    flag = c.annotations.get(ANNOTATION_INJECT, c.pod_annotations.get(ANNOTATION_INJECT, "")).strip().lower()
+    flag = _flag(c)
     if config.mode == "opt-in":
         return None if flag == "true" else f'opt-in mode and no {ANNOTATION_INJECT}: "true"'
     if flag == "false":
@@ -110,11 +162,12 @@ def _names(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _cdi_requests(c: Container, kind: str) -> list[str]:
+def _cdi_requests(c: Container, kind: str | None) -> list[str]:
+    """CDI devices the container's annotations request: of ``kind``, or of any kind (None)."""
     found = []
     for key, value in c.annotations.items():
         if key.startswith(CDI_ANNOTATION_PREFIX):
-            found += [d for d in _names(value) if d.startswith(f"{kind}=")]
+            found += [d for d in _names(value) if kind is None or d.startswith(f"{kind}=")]
     return found
 
 
@@ -139,6 +192,8 @@ def _select(
 
 
 def decide(c: Container, layout: NodeLayout, config: Config, mig: Sequence[GpuMig] = ()) -> Decision:
+    if config.allocator == "external":
+        return _decide_external(c, layout, config, mig)
     skip = _selected(c, config)
     if skip:
         return Decision(reason=skip)
@@ -149,37 +204,24 @@ def decide(c: Container, layout: NodeLayout, config: Config, mig: Sequence[GpuMi
         return Decision(reason=f"CDI devices {', '.join(cdi)} are injected by the runtime")
 
     # 2. The container's own allocation, from a device plugin: no device nodes of ours.
-    existing = [int(m.group(1)) for p in c.device_paths if (m := DEVICE_RE.match(p))]
+    existing = _device_gpus(c, layout)
+    if isinstance(existing, Decision):
+        return existing
     if existing:
-        by_minor = {g.minor: g for g in layout.gpus}
-        unknown = [m for m in existing if m not in by_minor]
-        if unknown:
-            return Decision(
-                reason="", error=f"devices /dev/nvidia{unknown[0]} not on this node ({len(layout.gpus)} mock GPUs)"
-            )
-        gpus = tuple(by_minor[m] for m in sorted(set(existing)))
-        return Decision("allocated /dev/nvidia* devices", gpus, container_edits(layout, gpus).without_devices())
-    visible = c.env.get("NVIDIA_VISIBLE_DEVICES")
+        return Decision("allocated /dev/nvidia* devices", existing, container_edits(layout, existing).without_devices())
+    visible = c.env.get(VISIBLE_DEVICES)
     if visible is not None:
         value = visible.strip()
         if value in ("", "void"):
-            return Decision(reason=f"NVIDIA_VISIBLE_DEVICES={value or '(empty)'} asks for no GPU access")
+            return Decision(reason=f"{VISIBLE_DEVICES}={value or '(empty)'} asks for no GPU access")
         if value == "none":
-            return Decision(
-                "NVIDIA_VISIBLE_DEVICES=none: driver only", (), container_edits(layout, ()).without_devices()
-            )
-        try:
-            gpus, slices = _select(layout, mig, ["all"] if value == "all" else _names(value))
-        except KeyError as exc:
-            return Decision(
-                reason="",
-                error=f"NVIDIA_VISIBLE_DEVICES names GPU {exc.args[0]!r}, which this node "
-                f"does not have ({len(layout.gpus)} mock GPUs)",
-            )
+            return Decision(f"{VISIBLE_DEVICES}=none: driver only", (), container_edits(layout, ()).without_devices())
+        chosen = _visible(value, layout, mig)
+        if isinstance(chosen, Decision):
+            return chosen
+        gpus, slices = chosen
         edits = container_edits(layout, gpus, slices).without_devices()
-        return Decision(
-            f"NVIDIA_VISIBLE_DEVICES={value}", gpus, _keep_env(edits, "NVIDIA_VISIBLE_DEVICES"), mig_devices=slices
-        )
+        return Decision(f"{VISIBLE_DEVICES}={value}", gpus, _keep_env(edits, VISIBLE_DEVICES), mig_devices=slices)
 
     # 3. Nothing allocated: every GPU of the node, or the subset the pod names.
     wanted = c.annotations.get(ANNOTATION_GPUS, c.pod_annotations.get(ANNOTATION_GPUS))
@@ -195,6 +237,81 @@ def decide(c: Container, layout: NodeLayout, config: Config, mig: Sequence[GpuMi
         return _with_nodes(f"{ANNOTATION_GPUS}={wanted}", gpus, layout, config, slices)
     gpus, slices = _select(layout, mig, ["all"])
     return _with_nodes("all GPUs of the node", gpus, layout, config, slices)
+
+
+def _decide_external(c: Container, layout: NodeLayout, config: Config, mig: Sequence[GpuMig]) -> Decision:
+    """A device plugin or DRA driver allocates: serve exactly what it allocated, as the NVIDIA
+    container runtime would. Namespace exclusion and opt-in mode do not apply (an allocation
+    the cluster made is honoured); an explicit opt-out does."""
+    if _flag(c) == "false":
+        return Decision(reason=f'opted out by {ANNOTATION_INJECT}: "false"')
+
+    # CDI (annotations or CRI CDI devices, which containerd also records as annotations): the
+    # runtime already applied the spec's edits, which carry everything; nothing to add.
+    cdi = _cdi_requests(c, config.cdi_kind)
+    if cdi:
+        return Decision(reason=f"CDI devices {', '.join(cdi)} are injected by the runtime")
+    has_nodes = any(DEVICE_RE.match(p) for p in c.device_paths)
+    if has_nodes and (other := _cdi_requests(c, None)):
+        return Decision(reason=f"CDI devices {', '.join(other)} were injected by the runtime")
+
+    # Device nodes passed by the device plugin (device specs): add what the runtime would.
+    existing = _device_gpus(c, layout)
+    if isinstance(existing, Decision):
+        return existing
+    if existing:
+        edits = container_edits(layout, existing)
+        present = set(c.device_paths)
+        nodes = tuple(n for n in edits.device_nodes if n.path not in present)
+        edits = ContainerEdits(env=edits.env, device_nodes=nodes, mounts=edits.mounts)
+        if VISIBLE_DEVICES in c.env:
+            edits = _keep_env(edits, VISIBLE_DEVICES)
+        return Decision("allocated /dev/nvidia* devices", existing, edits)
+
+    # Envvar mode: the device plugin set NVIDIA_VISIBLE_DEVICES.
+    visible = c.env.get(VISIBLE_DEVICES)
+    if visible is None:
+        return Decision(reason="no GPU allocation (allocator external)")
+    value = visible.strip()
+    if value in ("", "void"):
+        return Decision(reason=f"{VISIBLE_DEVICES}={value or '(empty)'} asks for no GPU access")
+    if value == "none":
+        edits = _keep_env(container_edits(layout, ()), VISIBLE_DEVICES)
+        return Decision(f"{VISIBLE_DEVICES}=none: driver only", (), edits)
+    chosen = _visible(value, layout, mig)
+    if isinstance(chosen, Decision):
+        return chosen
+    gpus, slices = chosen
+    edits = _keep_env(container_edits(layout, gpus, slices), VISIBLE_DEVICES)
+    return Decision(f"{VISIBLE_DEVICES}={value}", gpus, edits, mig_devices=slices)
+
+
+def _device_gpus(c: Container, layout: NodeLayout) -> tuple[GpuNode, ...] | Decision:
+    """The GPUs whose /dev/nvidiaN the container has (a Decision refusing unknown ones)."""
+    minors = [int(m.group(1)) for p in c.device_paths if (m := DEVICE_RE.match(p))]
+    if not minors:
+        return ()
+    by_minor = {g.minor: g for g in layout.gpus}
+    unknown = [m for m in minors if m not in by_minor]
+    if unknown:
+        return Decision(
+            reason="", error=f"devices /dev/nvidia{unknown[0]} not on this node ({len(layout.gpus)} mock GPUs)"
+        )
+    return tuple(by_minor[m] for m in sorted(set(minors)))
+
+
+def _visible(
+    value: str, layout: NodeLayout, mig: Sequence[GpuMig]
+) -> tuple[tuple[GpuNode, ...], tuple[MigDevice, ...]] | Decision:
+    """The GPUs and MIG devices NVIDIA_VISIBLE_DEVICES names (a Decision refusing unknown ones)."""
+    try:
+        return _select(layout, mig, ["all"] if value == "all" else _names(value))
+    except KeyError as exc:
+        return Decision(
+            reason="",
+            error=f"{VISIBLE_DEVICES} names GPU {exc.args[0]!r}, which this node "
+            f"does not have ({len(layout.gpus)} mock GPUs)",
+        )
 
 
 def _with_nodes(

@@ -137,3 +137,103 @@ def test_cdi_device_references(layout: nodelayout.NodeLayout) -> None:
     assert decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "2"}), layout, cfg).cdi_devices == ()
     assert decide(ctr(), layout, Config()).cdi_devices == ()
     assert Config.parse({"cdiDevices": True}).cdi_devices is True
+
+
+# ---- allocator external: a device plugin or DRA driver allocates; Mokka serves what it allocated
+
+EXTERNAL = Config(allocator="external")
+
+
+def test_external_without_allocation_gets_nothing(layout: nodelayout.NodeLayout) -> None:
+    d = decide(ctr(), layout, EXTERNAL)
+    assert d.edits is None and "no GPU allocation" in d.reason
+    # a Mokka annotation is no allocation either
+    assert decide(ctr(pod_annotations={"mokka.io/gpus": "0"}), layout, EXTERNAL).edits is None
+
+
+def test_external_envvar_gets_its_gpus_device_nodes(layout: nodelayout.NodeLayout) -> None:
+    """Envvar mode (the device plugin set NVIDIA_VISIBLE_DEVICES): exactly those GPUs' nodes,
+    the control nodes, library, state, nvidia-smi — the container's variable stays."""
+    uuids = f"{layout.gpus[1].uuid},{layout.gpus[3].uuid}"
+    d = decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": uuids}), layout, EXTERNAL)
+    assert [g.index for g in d.gpus] == [1, 3]
+    assert gpu_nodes(d) == ["/dev/nvidia1", "/dev/nvidia3"]
+    assert d.edits is not None
+    paths = {n.path for n in d.edits.device_nodes}
+    assert {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"} <= paths
+    assert "NVIDIA_VISIBLE_DEVICES" not in d.edits.env_dict()
+    assert {m.container_path for m in d.edits.mounts} >= {
+        "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+        "/usr/bin/nvidia-smi",
+        edits.STATE_IN_CONTAINER,
+    }
+    same = decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "1,3"}), layout, EXTERNAL)
+    assert same.edits == d.edits  # indices or UUIDs
+    assert len(decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "all"}), layout, EXTERNAL).gpus) == 8
+
+
+def test_external_envvar_special_values(layout: nodelayout.NodeLayout) -> None:
+    for value in ("void", ""):
+        assert decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": value}), layout, EXTERNAL).edits is None
+    d = decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "none"}), layout, EXTERNAL)
+    assert d.gpus == () and d.edits is not None and gpu_nodes(d) == []
+    assert "/dev/nvidiactl" in {n.path for n in d.edits.device_nodes} and d.edits.mounts
+    d = decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "9"}), layout, EXTERNAL)
+    assert d.error and "'9'" in d.error
+
+
+def test_external_device_specs_get_the_rest(layout: nodelayout.NodeLayout) -> None:
+    """Device nodes passed by the device plugin: the missing control nodes, mounts and env are added,
+    the GPU nodes it passed are not added twice."""
+    d = decide(ctr(device_paths=["/dev/nvidia4", "/dev/nvidiactl"]), layout, EXTERNAL)
+    assert [g.index for g in d.gpus] == [4]
+    assert d.edits is not None
+    added = [n.path for n in d.edits.device_nodes]
+    assert "/dev/nvidia4" not in added and "/dev/nvidiactl" not in added and "/dev/nvidia-uvm" in added
+    assert d.edits.env_dict()["NVIDIA_VISIBLE_DEVICES"] == layout.gpus[4].uuid
+    d = decide(ctr(device_paths=["/dev/nvidia4"], env={"NVIDIA_VISIBLE_DEVICES": "4"}), layout, EXTERNAL)
+    assert d.edits is not None and "NVIDIA_VISIBLE_DEVICES" not in d.edits.env_dict()
+    assert decide(ctr(device_paths=["/dev/nvidia12"]), layout, EXTERNAL).error
+
+
+def test_external_cdi_is_left_to_the_runtime(layout: nodelayout.NodeLayout) -> None:
+    """CDI-annotation and CDI-CRI modes: the runtime applied the spec before the plugin runs."""
+    d = decide(ctr(annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"}), layout, EXTERNAL)
+    assert d.edits is None and "CDI" in d.reason
+    # the device plugin's own CDI kind: its spec put the device nodes there already
+    d = decide(
+        ctr(annotations={"cdi.k8s.io/dp": "k8s.device-plugin.nvidia.com/gpu=GPU-x"}, device_paths=["/dev/nvidia1"]),
+        layout,
+        EXTERNAL,
+    )
+    assert d.edits is None and "CDI" in d.reason
+    # another vendor's CDI device does not hide a GPU allocation
+    d = decide(
+        ctr(annotations={"cdi.k8s.io/net": "example.com/nic=0"}, env={"NVIDIA_VISIBLE_DEVICES": "2"}),
+        layout,
+        EXTERNAL,
+    )
+    assert [g.index for g in d.gpus] == [2]
+
+
+def test_external_ignores_namespace_rules_but_honours_opt_out(layout: nodelayout.NodeLayout) -> None:
+    env = {"NVIDIA_VISIBLE_DEVICES": "0"}
+    assert len(decide(ctr(pod_namespace="kube-system", env=env), layout, EXTERNAL).gpus) == 1
+    assert len(decide(ctr(env=env), layout, Config(allocator="external", mode="opt-in")).gpus) == 1
+    d = decide(ctr(env=env, pod_annotations={"mokka.io/inject": "false"}), layout, EXTERNAL)
+    assert d.edits is None and "opted out" in d.reason
+
+
+def test_config_parse_allocator() -> None:
+    assert Config.parse({"allocator": "external"}).allocator == "external"
+    assert Config.parse({}).allocator == "nri"
+    base = Config(allocator="external", mode="opt-in")
+    assert Config.parse({"cdiDevices": True}, base) == Config(allocator="external", mode="opt-in", cdi_devices=True)
+    with pytest.raises(ValueError, match="allocator"):
+        Config.parse({"allocator": "kubelet"})
+
+
+def test_nri_mode_is_unchanged_by_the_external_rules(layout: nodelayout.NodeLayout) -> None:
+    # today's standalone rules: a device plugin's variable keeps its value and gets no device nodes
+    d = decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "1"}), layout, Config(allocator="nri"))
+    assert d.edits is not None and d.edits.device_nodes == ()
