@@ -1,11 +1,16 @@
 """End to end: the NRI plugin on a real containerd (1.7 and 2.1), driven through CRI.
 
 Host setup stages the h100 profile with Debian's nvidia-smi; a private containerd with NRI on
-runs ``mokka nri-plugin`` as kubelet's node would. A container from a local image with nothing
-NVIDIA inside runs ``nvidia-smi -L`` and sees the profile's GPUs; ``NVIDIA_VISIBLE_DEVICES=1,3``
-narrows that to two, renumbered; an opted-out pod sees none; after containerd restarts the
-plugin registers again and the next container is injected; a stopped (SIGSTOP) plugin does not
-keep containers from starting.
+runs the plugin (``python -m nri_mokka``, under its supervisor) as a node would. A container
+from a local image with nothing NVIDIA inside runs ``nvidia-smi -L`` and sees the profile's
+GPUs; ``NVIDIA_VISIBLE_DEVICES=1,3`` narrows that to two, renumbered; an opted-out pod sees
+none; after containerd restarts the plugin registers again and the next container is
+injected; a killed or stopped plugin process is replaced and the next container injected; a
+stopped plugin without its supervisor does not keep containers from starting; containerd can
+launch the plugin itself. With ``--allocator external`` a container without an allocation
+sees no GPU, one whose device plugin set ``NVIDIA_VISIBLE_DEVICES`` sees exactly its GPUs with
+their device nodes, and CDI requests (annotation and CRI field) see theirs from the CDI spec,
+with or without the plugin running.
 """
 
 from __future__ import annotations
@@ -13,14 +18,16 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_e2e_cdi import PROBE, PROFILE, device_nodes, sections
+from test_e2e_cdi import PROBE, PROFILE, assert_sees_exactly, device_nodes, sections
 
+import cdi
 from gpumodel import nodelayout, profile
 from testbed import sandbox
 from testbed.plugin_process import PluginProcess
@@ -102,44 +109,80 @@ def test_plugin_returns_after_containerd_restart(node_with_plugin: tuple[sandbox
     assert len(smi_lines(run_probe(box))) == 8
 
 
-def test_stopped_plugin_does_not_block_containers(node_with_plugin: tuple[sandbox.Sandbox, PluginProcess]) -> None:
+def test_killed_or_stopped_plugin_is_replaced(node_with_plugin: tuple[sandbox.Sandbox, PluginProcess]) -> None:
     box, plugin = node_with_plugin
-    os.kill(plugin.proc.pid, signal.SIGSTOP)
-    try:
-        pod = box.run_pod("stopped-plugin")
-        result = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", "echo started"])
-        assert result.exit_code == 0 and "started" in result.logs
-        box.remove_pod(pod)
-    finally:
-        os.kill(plugin.proc.pid, signal.SIGCONT)
+    for sig in (signal.SIGKILL, signal.SIGSTOP):
+        before = time.monotonic()
+        old = plugin.signal_plugin(sig)
+        body = plugin.wait_ready_after(before)
+        assert body["pid"] != old
+        assert len(smi_lines(run_probe(box))) == 8  # the replacement injects
+
+
+def test_stopped_plugin_does_not_block_containers(
+    tmp_path_factory: pytest.TempPathFactory, layout: nodelayout.NodeLayout, workload_image: Path
+) -> None:
+    """Without its supervisor, a stopped plugin delays the next container by containerd's request
+    timeout; the container starts (unchanged: NRI fails open)."""
+    base = tmp_path_factory.mktemp("st")
+    shutil.rmtree(base)
+    with sandbox.Sandbox(base, "2.1", nri=True) as box:
+        box.import_image(workload_image)
+        plugin = PluginProcess(box.nri_socket, Path(layout.root), args=("--no-supervisor",))
+        try:
+            plugin.wait_registered()
+            os.kill(plugin.proc.pid, signal.SIGSTOP)
+            try:
+                pod = box.run_pod("stopped-plugin")
+                result = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", "echo started"])
+                assert result.exit_code == 0 and "started" in result.logs
+                box.remove_pod(pod)
+            finally:
+                os.kill(plugin.proc.pid, signal.SIGCONT)
+        finally:
+            plugin.stop()
+    assert sandbox.leftovers(base) == []
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_pre_launched_by_containerd(
     version: str, tmp_path_factory: pytest.TempPathFactory, layout: nodelayout.NodeLayout, workload_image: Path
 ) -> None:
-    """containerd starts the plugin itself from its plugin directory (socket on fd 3)."""
+    """containerd starts the plugin itself from its plugin directory (socket on fd 3), with the
+    script `--print-prelaunch-script` writes; a crashed plugin process is replaced, dialling the
+    socket, and the next container is injected again."""
     base = tmp_path_factory.mktemp("pl")
     shutil.rmtree(base)
     with sandbox.Sandbox(base, version, nri=True) as box:
         box.import_image(workload_image)
         plugins = base / "nri" / "plugins"
         plugins.mkdir(parents=True, exist_ok=True)
-        script = plugins / "10-mokka"
-        repo = Path(__file__).resolve().parent.parent
-        script.write_text(
-            f"#!/bin/sh\nPYTHONPATH={repo} exec {sys.executable} -m mokka.cli nri-plugin --root {layout.root} "
-            f">>{base}/plugin.log 2>&1\n"
-        )
-        script.chmod(0o755)
-        box.restart()  # containerd launches the plugins of its plugin directory at start
         log = base / "plugin.log"
-        deadline = time.monotonic() + 15
-        while not (log.exists() and "registered" in log.read_text(errors="replace")):
-            assert time.monotonic() < deadline, "pre-launched plugin did not register"
-            time.sleep(0.05)
+        argv = ["--print-prelaunch-script", "--root", layout.root, "--socket", str(box.nri_socket)]
+        script = subprocess.run(
+            [sys.executable, "-m", "nri_mokka", *argv, "--log-file", str(log)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent.parent,
+        ).stdout
+        (plugins / "10-mokka").write_text(script)
+        (plugins / "10-mokka").chmod(0o755)
+        box.restart()  # containerd launches the plugins of its plugin directory at start
+
+        def wait_log(text: str, count: int = 1) -> None:
+            deadline = time.monotonic() + 15
+            while not (log.exists() and log.read_text(errors="replace").count(text) >= count):
+                assert time.monotonic() < deadline, f"no {text!r} in the plugin log:\n{log.read_text()[-3000:]}"
+                time.sleep(0.05)
+
+        wait_log("registered")
         assert len(smi_lines(run_probe(box))) == 8
-        assert "pre-connected socket fd 3" in (base / "plugin.log").read_text()
+        assert "pre-connected socket fd 3" in log.read_text()
+        serving = [int(ln.split()[2]) for ln in log.read_text().splitlines() if ": registered (pid" in ln][-1]
+        os.kill(serving, signal.SIGKILL)
+        wait_log("registered", 2)
+        assert len(smi_lines(run_probe(box))) == 8, log.read_text()[-3000:]
     assert sandbox.leftovers(base) == []
 
 
@@ -148,8 +191,6 @@ def test_cdi_device_references_on_containerd_2_1(
 ) -> None:
     """With --cdi-devices, containerd 2.1 resolves the plugin's CDI references against the
     spec `mokka cdi generate` wrote: the container sees exactly the GPUs asked for."""
-    import cdi
-
     base = tmp_path_factory.mktemp("cr")
     shutil.rmtree(base)
     spec_dir = tmp_path_factory.mktemp("cdi")
@@ -174,3 +215,65 @@ def test_cdi_device_references_on_containerd_2_1(
     assert {"nvidia1", "nvidia3", "nvidiactl"} <= set(nodes) and "nvidia0" not in nodes
     assert "LD_PRELOAD=/usr/lib/mokka/libmokka-sysfs.so" in sections(out)["env"]  # from the spec's edits
     assert sandbox.leftovers(base) == []
+
+
+# ---- allocator external: a device plugin or DRA driver allocates
+
+
+@pytest.fixture(params=VERSIONS, ids=[f"containerd-{v}" for v in VERSIONS])
+def external_node(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    layout: nodelayout.NodeLayout,
+    workload_image: Path,
+) -> Iterator[tuple[sandbox.Sandbox, PluginProcess]]:
+    base = tmp_path_factory.mktemp("ex")
+    shutil.rmtree(base)
+    spec_dir = tmp_path_factory.mktemp("cdi")
+    cdi.write(cdi.render(layout), spec_dir)
+    logs = tmp_path_factory.mktemp("logs")
+    box = sandbox.Sandbox(base, request.param, nri=True, cdi_dirs=[spec_dir], log_file=logs / "containerd.log")
+    with box:
+        box.import_image(workload_image)
+        plugin = PluginProcess(
+            box.nri_socket, Path(layout.root), (logs / "plugin.log").open("ab"), args=("--allocator", "external")
+        )
+        try:
+            plugin.wait_registered()
+            yield box, plugin
+        finally:
+            plugin.stop()
+    assert sandbox.leftovers(base) == []
+
+
+def probe(box: sandbox.Sandbox, **kw: object) -> str:
+    pod = box.run_pod(f"p{time.monotonic_ns() % 10**8}")
+    result = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", PROBE], **kw)
+    box.remove_pod(pod)
+    return result.logs
+
+
+def test_external_allocator(
+    external_node: tuple[sandbox.Sandbox, PluginProcess], layout: nodelayout.NodeLayout
+) -> None:
+    box, plugin = external_node
+    d = profile.load(PROFILE).devices()
+    # No allocation: no GPU at all (the standalone default would show all eight).
+    out = probe(box)
+    assert smi_lines(out) == [] and "exit 127" in sections(out)["smi"], out
+    assert not [n for n in device_nodes(sections(out)["dev"]) if n.startswith("nvidia")]
+    # Envvar mode: exactly the allocated GPUs, with their device nodes, as the NVIDIA runtime gives.
+    out = probe(box, env={"NVIDIA_VISIBLE_DEVICES": f"{d[1].uuid},{d[3].uuid}"})
+    assert smi_lines(out) == [
+        f"GPU 0: {d[1].spec.name} (UUID: {d[1].uuid})",
+        f"GPU 1: {d[3].spec.name} (UUID: {d[3].uuid})",
+    ], out
+    nodes = device_nodes(sections(out)["dev"])
+    assert sorted(n for n in nodes if n[6:].isdigit()) == ["nvidia1", "nvidia3"], out
+    assert {"nvidiactl", "nvidia-uvm"} <= set(nodes)
+    # CDI (annotation, CRI field): from the spec, with the plugin up and with no plugin at all.
+    for running in (True, False):
+        if not running:
+            plugin.stop()
+        assert_sees_exactly(probe(box, annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"}), layout, 1)
+        assert_sees_exactly(probe(box, cdi_devices=["nvidia.com/gpu=2"]), layout, 2)

@@ -1,17 +1,23 @@
-"""The plugin layer between the stub and the decision: NRI messages in, adjustments out."""
+"""The plugin layer between the stub and the decision: raw NRI requests in, encoded adjustments out."""
 
 from __future__ import annotations
 
-import asyncio
 import json
+import os
+import socket
+import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from gpumodel import edits, nodelayout, profile
 from hostsetup import node
-from nri_mokka import plugin
-from nri_mokka.nri.stub import PluginError, Stub, api
+from nri_mokka import answers, decision, plugin
+from nri_mokka.health import Health, listen
+from nri_mokka.nri import loop as poll_loop
+from nri_mokka.nri._pb.nri.pkg.api import v1alpha1 as api
+from nri_mokka.nri.stub import PluginError, Stub
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +40,14 @@ def container(**kw: object) -> api.Container:
 
 
 def create(p: plugin.MokkaPlugin, pd: api.PodSandbox, c: api.Container) -> api.ContainerAdjustment | None:
-    return asyncio.run(p.create_container(pd, c))
+    """The plugin's answer, decoded; None for an empty answer (no changes)."""
+    reply = p.create_container(bytes(api.CreateContainerRequest(pod=pd, container=c)))
+    return api.CreateContainerResponse().parse(reply).adjust if reply else None
 
 
 def test_default_adjustment(root: Path) -> None:
-    adj = create(plugin.MokkaPlugin(root), pod(), container())
+    p = plugin.MokkaPlugin(root)
+    adj = create(p, pod(), container())
     assert adj is not None
     layout = nodelayout.NodeLayout.load(root)
     expected = edits.container_edits(layout, layout.gpus)
@@ -47,8 +56,21 @@ def test_default_adjustment(root: Path) -> None:
     assert all(d.file_mode.value == 0o666 for d in adj.linux.devices)
     assert [(m.source, m.destination) for m in adj.mounts] == [(m.host_path, m.container_path) for m in expected.mounts]
     assert all(m.options == ["ro", "nosuid", "nodev", "bind"] for m in adj.mounts)
-    # the adjustment survives the wire: it serializes and parses back equal
-    assert api.ContainerAdjustment().parse(bytes(adj)) == adj
+    assert bytes(api.CreateContainerResponse(adjust=answers.render(expected))) == bytes(
+        api.CreateContainerResponse(adjust=adj)
+    )
+
+
+def test_answers_are_encoded_once_per_distinct_input(root: Path) -> None:
+    p = plugin.MokkaPlugin(root)
+    first = p.create_container(bytes(api.CreateContainerRequest(pod=pod(), container=container())))
+    again = p.create_container(
+        bytes(api.CreateContainerRequest(pod=pod(name="other", id="p2"), container=container(name="x", id="c9")))
+    )
+    assert again is first  # names do not matter: the very same bytes
+    other_ns = p.create_container(bytes(api.CreateContainerRequest(pod=pod(namespace="ml"), container=container())))
+    assert other_ns == first  # another input, the same adjustment: encoded once
+    assert p.answers is not None and len(p.answers._cache) == 2 and len(p.answers._encoded) == 1
 
 
 def test_existing_ld_preload_is_kept(root: Path) -> None:
@@ -71,66 +93,81 @@ def test_unknown_gpus_fail_the_container(root: Path) -> None:
         create(plugin.MokkaPlugin(root), pod(annotations={"mokka.io/gpus": "12"}), container())
 
 
-def test_internal_errors_fail_open(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_external_allocator_from_the_command_line_and_the_config_string(root: Path) -> None:
+    p = plugin.MokkaPlugin(root, {"allocator": "external"})
+    assert create(p, pod(), container()) is None  # no allocation: nothing
+    layout = nodelayout.NodeLayout.load(root)
+    adj = create(p, pod(), container(env=[f"NVIDIA_VISIBLE_DEVICES={layout.gpus[2].uuid}"]))
+    assert adj is not None and adj.linux.devices[0].path == "/dev/nvidia2"
+    assert "NVIDIA_VISIBLE_DEVICES" not in {e.key for e in adj.env}
+    q = plugin.MokkaPlugin(root)
+    assert create(q, pod(), container()) is not None
+    q.configure("allocator: external\n", "containerd", "v2.1.9")
+    assert q.config is not None and q.config.allocator == "external"
+    assert create(q, pod(), container()) is None
+
+
+def test_config_string_from_containerd(root: Path) -> None:
+    p = plugin.MokkaPlugin(root, {"cdiDevices": True})
+    p.configure("mode: opt-in\n", "containerd", "2.1.9")
+    assert create(p, pod(), container()) is None
+    assert p.config is not None and p.config.mode == "opt-in" and p.config.cdi_devices  # flags stay under it
+    p.configure("mode: [broken", "containerd", "2.1.9")
+    assert p.config.mode == "all"  # an invalid config is logged and ignored: the command line's settings
+    p.configure("colour: blue", "containerd", "2.1.9")
+    assert p.config.mode == "all"
+
+
+def test_internal_errors_reach_the_stub_which_fails_open(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in the decision is not a refusal: it surfaces as an ordinary exception, which the
+    stub answers with no changes (test_nri_stub: test_errors_and_stream_rules)."""
     p = plugin.MokkaPlugin(root)
+    p.warm_up()
 
     def boom(*a: object) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(plugin.decision, "decide", boom)
-    assert create(p, pod(), container()) is None
-    assert p.decisions == 1
+    monkeypatch.setattr(decision, "decide", boom)
+    with pytest.raises(RuntimeError):
+        create(p, pod(namespace="elsewhere"), container())
 
 
 def test_without_layout_everything_passes(tmp_path: Path) -> None:
     p = plugin.MokkaPlugin(tmp_path / "nothing")
-    assert p.layout is None
     assert create(p, pod(), container()) is None
+    assert p.answers is None
 
 
-def test_config_string_from_containerd(root: Path) -> None:
-    p = plugin.MokkaPlugin(root)
-    asyncio.run(p.configure("mode: opt-in\n", "containerd", "2.1.9"))
-    assert p.config.mode == "opt-in"
-    assert create(p, pod(), container()) is None
-    asyncio.run(p.configure("mode: [broken", "containerd", "2.1.9"))
-    assert p.config.mode == "opt-in"  # an invalid config is logged and ignored
+def test_registers_before_importing_the_heavy_parts(root: Path) -> None:
+    """Nothing of betterproto, the decision or gpumodel is loaded until warm_up."""
+    code = (
+        "import sys\n"
+        "from nri_mokka import main, plugin, service, supervisor, health\n"
+        f"p = plugin.MokkaPlugin({str(root)!r})\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('betterproto', 'gpumodel', 'yaml', 'asyncio', 'typing', 'dataclasses') or m == 'nri_mokka.decision')\n"
+        "print(loaded)\n"
+        "p.warm_up()\n"
+        "print(p.answers is not None)\n"
+    )
+    import subprocess
+    import sys
 
-
-def test_health_endpoints(root: Path) -> None:
-    async def scenario() -> list[tuple[int, dict[str, object]]]:
-        p = plugin.MokkaPlugin(root)
-        stub = Stub(p, name="mokka", idx="10", socket_path=str(root / "absent.sock"))
-        health = plugin.Health(stub, p)
-        server = await health.serve("127.0.0.1:0")
-        port = server.sockets[0].getsockname()[1]
-        out = []
-        for path in ("/healthz", "/readyz", "/nope"):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-            data = await reader.read()
-            writer.close()
-            head, _, body = data.partition(b"\r\n\r\n")
-            out.append((int(head.split()[1]), json.loads(body)))
-        server.close()
-        return out
-
-    (h_code, h_body), (r_code, _), (n_code, _) = asyncio.run(scenario())
-    assert h_code == 200 and h_body["layout"] is True
-    assert r_code == 503  # not registered with any runtime yet
-    assert n_code == 404
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "[]", out
+    assert out[1] == "True"
 
 
 def test_cdi_references_only_where_the_runtime_applies_them(root: Path) -> None:
-    assert plugin.runtime_takes_cdi("containerd", "v2.1.9")
-    assert plugin.runtime_takes_cdi("containerd", "2.2.0+unknown")
-    assert not plugin.runtime_takes_cdi("containerd", "v1.7.24")
-    assert not plugin.runtime_takes_cdi("cri-o", "1.33.0")
-    p = plugin.MokkaPlugin(root, plugin.decision.Config(cdi_devices=True))
-    asyncio.run(p.configure("", "containerd", "v1.7.24"))
+    assert answers.runtime_takes_cdi("containerd", "v2.1.9")
+    assert answers.runtime_takes_cdi("containerd", "2.2.0+unknown")
+    assert not answers.runtime_takes_cdi("containerd", "v1.7.24")
+    assert not answers.runtime_takes_cdi("cri-o", "1.33.0")
+    p = plugin.MokkaPlugin(root, {"cdiDevices": True})
+    p.configure("", "containerd", "v1.7.24")
     adj = create(p, pod(annotations={"mokka.io/gpus": "2"}), container())
     assert adj is not None and [d.path for d in adj.linux.devices][:1] == ["/dev/nvidia2"] and not adj.cdi_devices
-    asyncio.run(p.configure("", "containerd", "v2.1.9"))
+    p.configure("", "containerd", "v2.1.9")
     adj = create(p, pod(annotations={"mokka.io/gpus": "2"}), container())
     assert adj is not None and [c.name for c in adj.cdi_devices] == ["nvidia.com/gpu=2"]
     assert not adj.mounts and not adj.env  # the CDI spec carries those
@@ -145,3 +182,39 @@ def test_layout_is_reloaded_when_host_setup_runs_again(tmp_path: Path) -> None:
     node.apply(node.plan(profile.load("h100").with_count(4), node.Options(root=r, majors="real")))
     adj = create(p, pod(), container())
     assert adj is not None and len([d for d in adj.linux.devices if d.path[11:].isdigit()]) == 4
+
+
+def test_health_endpoints(root: Path) -> None:
+    p = plugin.MokkaPlugin(root)
+    p.warm_up()
+    loop = poll_loop.Loop()
+    stub = Stub(p, name="mokka", idx="10", socket_path=str(root / "absent.sock"), env={}, loop=loop, retry=0.05)
+    listener = listen("127.0.0.1:0")
+    port = listener.getsockname()[1]
+    Health(stub, p, listener)
+    r, w = os.pipe()
+    loop.watch(r, poll_loop.READ, lambda revents: stub.stop())
+    thread = threading.Thread(target=stub.run, daemon=True)
+    thread.start()
+    results = []
+    try:
+        for path in ("/healthz", "/readyz", "/nope"):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as res:
+                    results.append((res.status, json.loads(res.read())))
+            except urllib.error.HTTPError as exc:
+                results.append((exc.code, json.loads(exc.read())))
+        idle = socket.create_connection(("127.0.0.1", port))  # a client that never asks does not block others
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as res:
+            assert res.status == 200
+        idle.close()
+    finally:
+        os.write(w, b"x")
+        thread.join(5)
+        listener.close()
+    (h_code, h_body), (r_code, _), (n_code, _) = results
+    assert h_code == 200 and h_body["layout"] is True and h_body["pid"] == os.getpid()
+    assert r_code == 503  # not registered with any runtime yet
+    assert n_code == 404
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        listen("nonsense")

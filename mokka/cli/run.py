@@ -99,73 +99,22 @@ def demo_cmd(profile_name: str, gpus: int, version: str | None, keep: bool, stop
     sys.exit(code)
 
 
-@main.command("nri-plugin")
-@click.option(
-    "--socket",
-    "socket_path",
-    default="/var/run/nri/nri.sock",
-    show_default=True,
-    help="containerd's NRI socket (ignored when started by containerd: it passes the socket as fd 3).",
+@main.command(
+    "nri-plugin",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    add_help_option=False,
 )
-@click.option("--idx", default="10", show_default=True, help="Plugin index: two digits, ordering among plugins.")
-@click.option("--name", default="mokka", show_default=True)
-@click.option(
-    "--root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("/var/lib/mokka"),
-    show_default=True,
-    help="Root staged by `mokka host setup` (read: node.json).",
-)
-@click.option("--health-addr", default=None, help="Serve /healthz and /readyz on HOST:PORT (e.g. :8080).")
-@click.option(
-    "--mode",
-    type=click.Choice(["all", "opt-in"]),
-    default="all",
-    show_default=True,
-    help="all: every container except opted-out pods and excluded namespaces; opt-in: only pods "
-    "annotated mokka.io/inject=true.",
-)
-@click.option("--exclude-namespace", "exclude", multiple=True, default=["kube-system"], show_default=True)
-@click.option(
-    "--cdi-devices",
-    is_flag=True,
-    help="Hand GPUs over as CDI device references (containerd >= 2.1, with a spec from `mokka cdi generate`); "
-    "older runtimes get device nodes as usual.",
-)
-@click.option("-v", "--verbose", is_flag=True, help="Debug logging (wire-level).")
-def nri_plugin(
-    socket_path: str,
-    idx: str,
-    name: str,
-    root: Path,
-    health_addr: str | None,
-    mode: str,
-    exclude: tuple[str, ...],
-    cdi_devices: bool,
-    verbose: bool,
-) -> None:
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def nri_plugin(args: tuple[str, ...]) -> None:
     """Run the NRI plugin: containers gain the node's mock GPUs at creation.
 
-    Logs one line per decision (container, pod, what was injected and why). Reconnects
-    with backoff whenever containerd restarts or its socket is absent. A plugin config
-    string from containerd (YAML: mode, excludeNamespaces, cdiDevices) overrides the flags.
+    Runs `python -m nri_mokka ARGS` in this process (the plugin does not load this command
+    line's modules); `mokka nri-plugin --help` lists its options.
     """
-    import asyncio
-    import logging
+    import os
 
-    from nri_mokka import decision, plugin
-
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    config = decision.Config(
-        mode=mode,  # type: ignore[arg-type]  # click.Choice guarantees the literal
-        exclude_namespaces=frozenset(exclude),
-        cdi_devices=cdi_devices,
-    )
+    argv = [sys.executable, "-m", "nri_mokka", *args]
     try:
-        asyncio.run(plugin.serve(root, socket_path, name, idx, health_addr, config))
-    except ValueError as exc:
-        fail(str(exc))
-    except KeyboardInterrupt:
-        pass
+        os.execv(sys.executable, argv)
+    except OSError as exc:
+        fail(f"cannot run {sys.executable} -m nri_mokka: {exc.strerror}")

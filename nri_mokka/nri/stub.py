@@ -1,92 +1,56 @@
-"""The NRI plugin stub: connection, registration, configuration and event dispatch.
+"""The NRI plugin stub: connection, registration, configuration and dispatch, on a poll loop.
 
-Like containerd/nri's ``pkg/stub``, the stub knows nothing of decisions. A plugin is any
-object; it handles an event by defining the matching coroutine method, and the stub
-subscribes exactly to the events it defines::
-
-    async def configure(self, config: str, runtime_name: str, runtime_version: str) -> None
-    async def synchronize(self, pods: list[PodSandbox], containers: list[Container]) -> None
-    async def shutdown(self) -> None
-    async def create_container(self, pod: PodSandbox, container: Container) -> ContainerAdjustment | None
-    async def run_pod_sandbox(self, pod)            # also stop_pod_sandbox, remove_pod_sandbox
-    async def start_container(self, pod, container) # also post_create_container, post_start_container,
-                                                    # post_update_container, remove_container
-
-``configure``, ``synchronize`` and ``shutdown`` are optional and subscribe to nothing. A handler
-that raises ``PluginError`` makes the stub answer with an error status: for CreateContainer,
-containerd then fails that container with the error's message. Any other exception is logged
-and answered as if the handler had asked for nothing (an empty adjustment).
+Like containerd/nri's ``pkg/stub``, the stub knows nothing of decisions. It serves one
+plugin object (``Plugin``) and hands it the raw bytes of each request; the plugin answers
+with the raw bytes of the reply. Nothing is decoded that the plugin does not ask for:
+Synchronize, however large, is answered without being parsed.
 
 Connection: a plugin started by containerd from its plugin directory finds its socket's fd
 in ``NRI_PLUGIN_SOCKET`` (normally 3) and its name and index in ``NRI_PLUGIN_NAME`` /
-``NRI_PLUGIN_IDX``; it serves that connection until it closes, then ``run`` returns. Otherwise
-the stub dials ``socket_path`` and, whenever the socket is absent or the connection drops
-(containerd restarting), dials again with capped exponential backoff.
+``NRI_PLUGIN_IDX``; it serves that connection until it closes, then ``run`` returns.
+Otherwise the stub dials ``socket_path`` and, whenever the socket is absent or the
+connection drops (containerd restarting), dials again every ``retry`` seconds.
+
+Registration is ``Runtime.RegisterPlugin`` on mux conn 2; containerd then calls
+``Configure`` (answered with the plugin's event mask) and, for plugins that connected
+themselves, ``Synchronize``. Once that is done and the loop is idle, ``plugin.warm_up()``
+runs: a plugin registers first and loads what it needs after.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import inspect
 import logging
 import os
 import re
 import socket
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, cast
+import time
+from array import array
+from collections.abc import Callable, Mapping
 
-from nri_mokka.nri import ttrpc
-from nri_mokka.nri._pb.nri.pkg.api import v1alpha1 as api
-from nri_mokka.nri._pb.nri.pkg.api.v1alpha1 import (
-    ConfigureRequest,
-    ConfigureResponse,
-    Container,
-    ContainerAdjustment,
-    CreateContainerRequest,
-    CreateContainerResponse,
-    Empty,
-    Event,
-    KeyValue,
-    LinuxContainer,
-    LinuxContainerAdjustment,
-    LinuxDevice,
-    Mount,
-    OptionalFileMode,
-    PluginBase,
-    PodSandbox,
-    RegisterPluginRequest,
-    StateChangeEvent,
-    SynchronizeRequest,
-    SynchronizeResponse,
-)
-from nri_mokka.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
+from nri_mokka.nri import loop as poll_loop
+from nri_mokka.nri import ttrpc, wire
+from nri_mokka.nri.mux import MAX_FRAME_PAYLOAD, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, FrameDecoder, MuxError
+from nri_mokka.nri.mux import encode_frames as _frames
 
 __all__ = [
     "DEFAULT_SOCKET",
     "ENV_IDX",
     "ENV_NAME",
     "ENV_SOCKET",
+    "EVENTS",
+    "PLUGIN_METHODS",
     "PLUGIN_SERVICE",
+    "RUNTIME_METHODS",
     "RUNTIME_SERVICE",
-    "Container",
-    "ContainerAdjustment",
-    "Event",
-    "KeyValue",
-    "LinuxContainer",
-    "LinuxContainerAdjustment",
-    "LinuxDevice",
-    "Mount",
-    "OptionalFileMode",
     "PluginError",
-    "PodSandbox",
     "Stub",
-    "api",
     "event_mask",
-    "run",
 ]
 
-log = logging.getLogger(__name__)
+# typing is not imported at run time (mypy reads TYPE_CHECKING as true): the plugin starts faster.
+TYPE_CHECKING = False
+
+log = logging.getLogger("mokka.nri")
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 ENV_SOCKET = "NRI_PLUGIN_SOCKET"
@@ -95,156 +59,243 @@ ENV_IDX = "NRI_PLUGIN_IDX"
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 
-# Handlers the stub dispatches, by the event each subscribes to. UpdateContainer and
-# StopContainer have RPCs of their own, which Mokka does not declare.
-POD_EVENTS = {
-    "run_pod_sandbox": Event.RUN_POD_SANDBOX,
-    "stop_pod_sandbox": Event.STOP_POD_SANDBOX,
-    "remove_pod_sandbox": Event.REMOVE_POD_SANDBOX,
+# The RPCs Mokka serves and calls, with their argument and reply messages (the services of
+# NRI's api.proto; tests/test_nri_wire.py checks this table against the official file).
+PLUGIN_METHODS = {
+    "Configure": ("ConfigureRequest", "ConfigureResponse"),
+    "Synchronize": ("SynchronizeRequest", "SynchronizeResponse"),
+    "Shutdown": ("Empty", "Empty"),
+    "CreateContainer": ("CreateContainerRequest", "CreateContainerResponse"),
+    "StateChange": ("StateChangeEvent", "Empty"),
 }
-CONTAINER_EVENTS = {
-    "post_create_container": Event.POST_CREATE_CONTAINER,
-    "start_container": Event.START_CONTAINER,
-    "post_start_container": Event.POST_START_CONTAINER,
-    "post_update_container": Event.POST_UPDATE_CONTAINER,
-    "remove_container": Event.REMOVE_CONTAINER,
+RUNTIME_METHODS = {"RegisterPlugin": ("RegisterPluginRequest", "Empty")}
+
+# NRI's Event enum (api.proto), for the subscription mask.
+EVENTS = {
+    "RUN_POD_SANDBOX": 1,
+    "STOP_POD_SANDBOX": 2,
+    "REMOVE_POD_SANDBOX": 3,
+    "CREATE_CONTAINER": 4,
+    "POST_CREATE_CONTAINER": 5,
+    "START_CONTAINER": 6,
+    "POST_START_CONTAINER": 7,
+    "UPDATE_CONTAINER": 8,
+    "POST_UPDATE_CONTAINER": 9,
+    "STOP_CONTAINER": 10,
+    "REMOVE_CONTAINER": 11,
 }
-HANDLED_EVENTS = {"create_container": Event.CREATE_CONTAINER, **POD_EVENTS, **CONTAINER_EVENTS}
+LAST_EVENT = 12
+
+HANDLING_SAMPLES = 1024  # the ring of recent CreateContainer handling times
 
 
 class PluginError(Exception):
     """Raised by a plugin handler to answer the request with an error status.
 
     For CreateContainer this fails the container in containerd (with this message), where
-    any other exception would let it start unadjusted.
+    any other exception lets it start unadjusted.
     """
 
 
-def event_mask(events: Iterable[int]) -> int:
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class Plugin(Protocol):
+        """What the stub serves. Every payload is the raw protobuf of NRI's message."""
+
+        events: int  # subscription mask (``event_mask``); never 0, which would mean all events
+
+        def configure(self, config: str, runtime_name: str, runtime_version: str) -> None: ...
+
+        def create_container(self, request: bytes) -> bytes:
+            """The encoded CreateContainerResponse for an encoded CreateContainerRequest."""
+            ...
+
+        def warm_up(self) -> None:
+            """Load what answering needs; called once registered, when the loop is idle."""
+            ...
+
+
+def event_mask(events: list[int] | tuple[int, ...]) -> int:
     """Return NRI's subscription mask: bit ``1 << (event - 1)`` for each event."""
     mask = 0
     for event in events:
-        if not Event.UNKNOWN < event < Event.LAST:
+        if not 0 < event < LAST_EVENT:
             raise ValueError(f"not a subscribable event: {event!r}")
         mask |= 1 << (event - 1)
     return mask
 
 
-def _handler(plugin: object, name: str) -> Callable[..., Awaitable[Any]] | None:
-    fn = getattr(plugin, name, None)
-    if fn is None:
-        return None
-    if not inspect.iscoroutinefunction(fn):
-        raise TypeError(f"{type(plugin).__name__}.{name} must be an async method")
-    return cast(Callable[..., Awaitable[Any]], fn)
+class _Connection:
+    """One trunk: mux frames, ttrpc on conn 1 (we serve) and conn 2 (we call)."""
 
-
-class Encoded:
-    """A response already serialized: ttrpc sends ``bytes(response)``, which this returns as is."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def __bytes__(self) -> bytes:
-        return self.data
-
-
-class _PluginService(PluginBase):
-    """NRI's Plugin service, answered on the stub's behalf (mux conn 1)."""
-
-    def __init__(self, stub: Stub) -> None:
+    def __init__(self, stub: Stub, sock: socket.socket, prelaunched: bool) -> None:
         self.stub = stub
-        # Plugins often hand back the same (cached) adjustment object for many containers;
-        # protobuf encoding is the costly part of an answer, so encode each object once.
-        self._encoded: dict[int, tuple[ContainerAdjustment, Encoded]] = {}
+        self.prelaunched = prelaunched  # not redialled when lost
+        self.fd_given = False  # handed over by containerd
+        self.sock = sock
+        self.fd = sock.fileno()
+        sock.setblocking(False)
+        self.frames = FrameDecoder()
+        self.requests = ttrpc.MessageDecoder()  # conn 1: the runtime's calls
+        self.replies = ttrpc.MessageDecoder()  # conn 2: answers to ours
+        self.out = bytearray()
+        self.last_request_id = 0
+        self.message_started = 0.0  # when the first piece of the conn-1 message in progress came
+        self.closed = False
+        self.registered = False
+        self.register_timer: poll_loop.Timer | None = None
 
-    def _response(self, adjust: ContainerAdjustment) -> Encoded:
-        hit = self._encoded.get(id(adjust))
-        if hit is not None and hit[0] is adjust:
-            return hit[1]
-        encoded = Encoded(bytes(CreateContainerResponse(adjust=adjust)))
-        if len(self._encoded) >= 256:
-            self._encoded.clear()
-        self._encoded[id(adjust)] = (adjust, encoded)
-        return encoded
+    # -- socket --
 
-    async def _invoke(self, what: str, call: Awaitable[Any]) -> Any:
-        """Await a plugin handler: PluginError -> error status; other errors -> None."""
+    def on_ready(self, revents: int) -> None:
+        if revents & poll_loop.WRITE:
+            self.flush()
+        if revents & (poll_loop.READ | poll_loop.ERROR) and not self.closed:
+            try:
+                data = self.sock.recv(262144)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self.close(f"read failed: {exc}")
+                return
+            if not data:
+                self.close("closed by the runtime")
+                return
+            try:
+                self.receive(data)
+            except (MuxError, ttrpc.ProtocolError, wire.WireError) as exc:
+                self.close(f"protocol error: {exc}")
+
+    def send(self, conn_id: int, message: bytes) -> None:
+        data = _frames(conn_id, message, MAX_FRAME_PAYLOAD)
+        if self.out:
+            self.out += data
+            return
         try:
-            return await call
-        except PluginError as exc:
-            log.warning("%s: plugin refused: %s", what, exc)
-            raise ttrpc.TtrpcError(ttrpc.Code.UNKNOWN, str(exc) or "plugin error") from exc
-        except Exception:
-            log.exception("%s: plugin handler failed; answering with no changes", what)
-            return None
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self.close(f"write failed: {exc}")
+            return
+        if sent < len(data):
+            self.out += data[sent:]
+            self.stub.loop.watch(self.fd, poll_loop.READ | poll_loop.WRITE, self.on_ready)
 
-    async def configure(self, configure_request: ConfigureRequest) -> ConfigureResponse:
-        req = configure_request
-        self.stub.runtime = (req.runtime_name, req.runtime_version)
-        self.stub.config = req.config
-        log.info("configured by %s %s (events 0x%x)", req.runtime_name, req.runtime_version, self.stub.events)
-        if fn := _handler(self.stub.plugin, "configure"):
-            await self._invoke("Configure", fn(req.config, req.runtime_name, req.runtime_version))
-        return ConfigureResponse(events=self.stub.events)
+    def flush(self) -> None:
+        try:
+            sent = self.sock.send(self.out)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self.close(f"write failed: {exc}")
+            return
+        del self.out[:sent]
+        if not self.out:
+            self.stub.loop.watch(self.fd, poll_loop.READ, self.on_ready)
 
-    async def synchronize(self, synchronize_request: SynchronizeRequest) -> SynchronizeResponse:
-        req = synchronize_request
-        log.info("synchronize: %d pods, %d containers", len(req.pods), len(req.containers))
-        if fn := _handler(self.stub.plugin, "synchronize"):
-            await self._invoke("Synchronize", fn(list(req.pods), list(req.containers)))
-        self.stub.synchronized.set()
-        return SynchronizeResponse()
+    def close(self, why: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.register_timer is not None:
+            self.register_timer.cancel()
+        self.stub.loop.unwatch(self.fd)
+        self.sock.close()
+        self.stub.connection_closed(self, why)
 
-    async def shutdown(self, empty: Empty) -> Empty:
-        log.info("runtime is shutting down")
-        if fn := _handler(self.stub.plugin, "shutdown"):
-            await self._invoke("Shutdown", fn())
-        return Empty()
+    # -- mux and ttrpc --
 
-    async def create_container(  # type: ignore[override]  # ttrpc sends bytes(response): Encoded is one
-        self, create_container_request: CreateContainerRequest
-    ) -> CreateContainerResponse | Encoded:
-        req = create_container_request
-        adjust: ContainerAdjustment | None = None
-        if fn := _handler(self.stub.plugin, "create_container"):
-            what = f"CreateContainer {req.pod.namespace}/{req.pod.name}/{req.container.name}"
-            adjust = await self._invoke(what, fn(req.pod, req.container))
-            if adjust is not None and not isinstance(adjust, ContainerAdjustment):
-                log.error("%s: handler returned %s, not a ContainerAdjustment; no changes", what, type(adjust))
-                adjust = None
-        if adjust is None:
-            return CreateContainerResponse(adjust=ContainerAdjustment())
-        return self._response(adjust)
+    def receive(self, data: bytes) -> None:
+        for conn_id, payload in self.frames.feed(data):
+            if conn_id == PLUGIN_SERVICE_CONN:
+                if not self.requests.pending:
+                    self.message_started = time.perf_counter()
+                for msg in self.requests.feed(payload):
+                    self.serve(msg)
+                    if self.closed:
+                        return
+            elif conn_id == RUNTIME_SERVICE_CONN:
+                for msg in self.replies.feed(payload):
+                    self.reply(msg)
+            # frames for other conns are dropped, as by the Go multiplexer
 
-    async def state_change(self, state_change_event: StateChangeEvent) -> Empty:
-        req = state_change_event
-        event = Event(req.event)
-        names = {v: k for k, v in HANDLED_EVENTS.items()}
-        if (name := names.get(event)) and (fn := _handler(self.stub.plugin, name)):
-            call = fn(req.pod) if event in POD_EVENTS.values() else fn(req.pod, req.container)
-            await self._invoke(f"StateChange {event.name}", call)
-        return Empty()
+    def call(self, method: str, payload: bytes, timeout: float) -> None:
+        """Call ``Runtime.method`` (stream 1: the one call a plugin makes, RegisterPlugin)."""
+        envelope = ttrpc.encode_request(RUNTIME_SERVICE, method, payload, int(timeout * 1e9))
+        self.send(RUNTIME_SERVICE_CONN, ttrpc.encode_message(1, ttrpc.MessageType.REQUEST, 0, envelope))
+
+    def reply(self, msg: ttrpc.Message) -> None:
+        if msg.type != ttrpc.MessageType.RESPONSE or msg.stream_id != 1 or self.registered:
+            log.debug("ignoring ttrpc message type %d on stream %d of conn 2", msg.type, msg.stream_id)
+            return
+        if self.register_timer is not None:
+            self.register_timer.cancel()
+        try:
+            ttrpc.decode_response(msg.payload)
+        except ttrpc.TtrpcError as exc:
+            self.close(f"registration refused: {exc}")
+            return
+        self.registered = True
+        self.stub.on_registered(self)
+
+    def answer(self, stream_id: int, code: int, message: str = "", payload: bytes = b"") -> None:
+        envelope = ttrpc.encode_response(payload, code, message)
+        self.send(PLUGIN_SERVICE_CONN, ttrpc.encode_message(stream_id, ttrpc.MessageType.RESPONSE, 0, envelope))
+
+    def serve(self, msg: ttrpc.Message) -> None:
+        sid = msg.stream_id
+        if sid % 2 != 1:
+            self.answer(sid, ttrpc.Code.INVALID_ARGUMENT, "StreamID must be odd for client initiated streams")
+            return
+        if msg.type != ttrpc.MessageType.REQUEST:
+            if msg.type == ttrpc.MessageType.DATA:
+                self.answer(sid, ttrpc.Code.INVALID_ARGUMENT, "StreamID is no longer active")
+            return
+        if sid <= self.last_request_id:
+            self.answer(sid, ttrpc.Code.INVALID_ARGUMENT, "StreamID cannot be re-used and must increment")
+            return
+        self.last_request_id = sid
+        try:
+            request = ttrpc.decode_request(msg.payload)
+        except (wire.WireError, UnicodeDecodeError) as exc:
+            self.answer(sid, ttrpc.Code.INVALID_ARGUMENT, f"unmarshal request error: {exc}")
+            return
+        method = request.method
+        if request.service != PLUGIN_SERVICE:
+            self.answer(sid, ttrpc.Code.UNIMPLEMENTED, f"service {request.service}")
+        elif method == "CreateContainer":
+            self.stub.create_container(self, sid, request.payload, self.message_started)
+        elif method not in PLUGIN_METHODS:
+            self.answer(sid, ttrpc.Code.UNIMPLEMENTED, f"method {method}")
+        else:
+            self.stub.other_call(self, sid, method, request.payload, self.message_started)
 
 
 class Stub:
-    """Connects a plugin object to NRI. ``await Stub(plugin, name=..., idx=...).run()``."""
+    """Connects a plugin object to NRI: ``Stub(plugin, name=..., idx=...).run()``."""
 
     def __init__(
         self,
-        plugin: object,
+        plugin: Plugin,
         *,
         name: str | None = None,
         idx: str | None = None,
         socket_path: str | os.PathLike[str] | None = None,
-        backoff: tuple[float, float] = (0.05, 1.0),
+        retry: float = 0.02,
         registration_timeout: float = 5.0,
         env: Mapping[str, str] | None = None,
+        loop: poll_loop.Loop | None = None,
+        fd: int | None = None,
+        reconnect: bool = True,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
-        """``name``/``idx`` default to ``NRI_PLUGIN_NAME``/``NRI_PLUGIN_IDX``; ``NRI_PLUGIN_SOCKET``
-        (an inherited fd) takes precedence over ``socket_path`` (default ``DEFAULT_SOCKET``)."""
+        """``name``/``idx`` default to ``NRI_PLUGIN_NAME``/``NRI_PLUGIN_IDX``; a pre-connected
+        socket (``fd``, else ``NRI_PLUGIN_SOCKET``) takes precedence over ``socket_path``.
+        Without ``reconnect``, a dialled connection is served like a pre-connected one: once
+        registered, its end ends ``run`` (containerd will launch its plugins afresh).
+        ``on_ready`` is called each time registration is complete."""
         env = os.environ if env is None else env
         self.plugin = plugin
         self.name = name or env.get(ENV_NAME, "")
@@ -253,107 +304,199 @@ class Stub:
             raise ValueError("plugin name is empty")
         if not re.fullmatch(r"[0-9]{2}", self.idx):
             raise ValueError(f"plugin index must be exactly two digits, not {self.idx!r}")
-        self.fd: int | None = None
-        if fd_text := env.get(ENV_SOCKET):
+        self.fd = fd
+        if self.fd is None and (fd_text := env.get(ENV_SOCKET)):
             try:
                 self.fd = int(fd_text)
             except ValueError:
                 raise ValueError(f"invalid {ENV_SOCKET}={fd_text!r}: not a file descriptor") from None
         self.socket_path = os.fspath(socket_path or DEFAULT_SOCKET)
-        self.backoff = backoff
+        self.retry = retry
         self.registration_timeout = registration_timeout
-        handled = [event for method, event in HANDLED_EVENTS.items() if _handler(plugin, method)]
-        for method in ("configure", "synchronize", "shutdown"):
-            _handler(plugin, method)  # type check only
-        if not handled:
-            raise ValueError(f"{type(plugin).__name__} handles no NRI event (and mask 0 would mean all)")
-        self.events = event_mask(handled)
+        events = getattr(plugin, "events", 0)
+        if not isinstance(events, int) or events <= 0:
+            raise ValueError(f"{type(plugin).__name__} subscribes to no NRI event (and mask 0 would mean all)")
+        self.events = events
+        self.loop = loop or poll_loop.Loop()
+        self.reconnect = reconnect
+        self.on_ready = on_ready
         self.runtime: tuple[str, str] | None = None  # (name, version) from the last Configure
         self.config = ""  # config string from the last Configure
         self.connections = 0  # registrations so far
-        self.registered = asyncio.Event()  # set while registered, cleared when the connection ends
-        self.synchronized = asyncio.Event()  # set after Synchronize, cleared when the connection ends
-        self._stopping = asyncio.Event()
+        self.registered = False  # registered on the current connection
+        self.synchronized = False  # Synchronize answered on the current connection
+        self.started_at = time.monotonic()
+        self.registered_at = 0.0  # time.monotonic() of the last registration
+        self.ready_at = 0.0  # ... and when it was complete (configured, synchronized where asked)
+        self.sync_seconds = 0.0  # handling of the last Synchronize, from its first byte to the reply
+        self.sync_bytes = 0
+        self.decisions = 0
+        self.handling = array("d", bytes(8 * HANDLING_SAMPLES))  # seconds per CreateContainer (ring)
+        self._conn: _Connection | None = None
+        self._warm_timer: poll_loop.Timer | None = None
+        self._reported = ""
+        self._stopping = False
 
     @property
     def full_name(self) -> str:
         """The name containerd registers the plugin under: ``<idx>-<name>``."""
         return f"{self.idx}-{self.name}"
 
-    def stop(self) -> None:
-        """Make ``run`` return (closing the connection)."""
-        self._stopping.set()
+    def recent_handling(self) -> list[float]:
+        """The recent CreateContainer handling times, in seconds (oldest first)."""
+        n = min(self.decisions, HANDLING_SAMPLES)
+        start = self.decisions - n
+        return [self.handling[i % HANDLING_SAMPLES] for i in range(start, self.decisions)]
 
-    async def run(self) -> None:
-        """Serve NRI until ``stop()``; a pre-launched plugin also returns when its connection ends."""
+    # -- life cycle --
+
+    def run(self) -> None:
+        """Serve NRI until ``stop()``; a pre-connected plugin also returns when its connection ends."""
+        self._stopping = False
         if self.fd is not None:
             log.info("%s: using pre-connected socket fd %d", self.full_name, self.fd)
-            sock = socket.socket(fileno=self.fd)
-            reader, writer = await asyncio.open_unix_connection(sock=sock)
-            await self.serve(reader, writer)
+            fd, self.fd = self.fd, None  # a connection lost is not reused
+            self._open(socket.socket(fileno=fd), prelaunched=True, fd_given=True)
+        else:
+            self._dial()
+        self.loop.run()
+
+    def stop(self) -> None:
+        """Close the connection and make ``run`` return."""
+        self._stopping = True
+        if self._conn is not None:
+            self._conn.close("plugin stopping")
+        self.loop.stop()
+
+    def _dial(self) -> None:
+        if self._stopping:
             return
-        first, cap = self.backoff
-        delay = first
-        reported = ""
-        while not self._stopping.is_set():
-            try:
-                reader, writer = await asyncio.open_unix_connection(self.socket_path)
-            except OSError as exc:
-                if str(exc) != reported:
-                    log.info("%s: cannot connect to %s (%s); retrying", self.full_name, self.socket_path, exc)
-                    reported = str(exc)
-            else:
-                reported = ""
-                if await self.serve(reader, writer):
-                    delay = first
-                if not self._stopping.is_set():
-                    log.info("%s: connection to %s lost; reconnecting", self.full_name, self.socket_path)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
-            delay = min(delay * 2, cap)
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Register over an open connection and answer the runtime until it closes.
-
-        Returns whether registration succeeded.
-        """
-        mux = Mux(reader, writer)
-        server = ttrpc.Server(mux.open(PLUGIN_SERVICE_CONN), [_PluginService(self)])
-        client = ttrpc.Client(mux.open(RUNTIME_SERVICE_CONN))
-        tasks = [asyncio.create_task(mux.run(), name="nri-mux"), asyncio.create_task(server.serve(), name="nri-serve")]
-        registered = False
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            request = RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.idx)
-            await client.call(RUNTIME_SERVICE, "RegisterPlugin", request, Empty, timeout=self.registration_timeout)
-            registered = True
-            self.connections += 1
-            self.registered.set()
-            log.info("%s: registered", self.full_name)
-            stopping = asyncio.create_task(self._stopping.wait())
-            closed = asyncio.create_task(mux.closed.wait())
+            sock.connect(self.socket_path)
+        except OSError as exc:
+            sock.close()
+            if not self.reconnect:
+                log.info("%s: cannot connect to %s (%s); exiting", self.full_name, self.socket_path, exc)
+                self.loop.stop()
+                return
+            if str(exc) != self._reported:
+                log.info("%s: cannot connect to %s (%s); retrying", self.full_name, self.socket_path, exc)
+                self._reported = str(exc)
+            self.loop.call_later(self.retry, self._dial)
+            return
+        self._reported = ""
+        self._open(sock, prelaunched=not self.reconnect)
+
+    def _open(self, sock: socket.socket, prelaunched: bool, fd_given: bool = False) -> None:
+        conn = _Connection(self, sock, prelaunched)
+        conn.fd_given = fd_given
+        self._conn = conn
+        self.loop.watch(conn.fd, poll_loop.READ, conn.on_ready)
+        request = wire.encode_bytes(1, self.name.encode()) + wire.encode_bytes(2, self.idx.encode())
+        conn.register_timer = self.loop.call_later(self.registration_timeout, lambda: self._register_timeout(conn))
+        conn.call("RegisterPlugin", request, self.registration_timeout)
+
+    def _register_timeout(self, conn: _Connection) -> None:
+        log.warning("%s: registration not answered within %g s", self.full_name, self.registration_timeout)
+        conn.close("registration timed out")
+
+    def on_registered(self, conn: _Connection) -> None:
+        self.connections += 1
+        self.registered = True
+        self.registered_at = time.monotonic()
+        log.info(
+            "%s: registered (pid %d, %.1f ms after start)",
+            self.full_name,
+            os.getpid(),
+            (self.registered_at - self.started_at) * 1000,
+        )
+
+    def connection_closed(self, conn: _Connection, why: str) -> None:
+        if conn is not self._conn:
+            return
+        self._conn = None
+        was = self.registered
+        self.registered = self.synchronized = False
+        if self._warm_timer is not None:
+            self._warm_timer.cancel()
+        if self._stopping:
+            return
+        if conn.prelaunched and (was or conn.fd_given):
+            log.info("%s: connection %s; exiting (containerd launches its plugins afresh)", self.full_name, why)
+            self.loop.stop()
+            return
+        if was or why != "registration timed out":
+            log.info("%s: connection to %s %s; reconnecting", self.full_name, self.socket_path, why)
+        self.loop.call_later(self.retry if was else max(self.retry, 0.1), self._dial)
+
+    def _ready(self) -> None:
+        self.ready_at = time.monotonic()
+        if self.on_ready is not None:
+            self.on_ready()
+        if self._warm_timer is not None:
+            self._warm_timer.cancel()
+        self._warm_timer = self.loop.call_later(0, self._warm_up)
+
+    def _warm_up(self) -> None:
+        self._warm_timer = None
+        try:
+            self.plugin.warm_up()
+        except Exception:  # warm-up is an optimisation: the first request loads lazily instead
+            log.exception("%s: warm-up failed", self.full_name)
+
+    # -- calls from the runtime --
+
+    def create_container(self, conn: _Connection, sid: int, payload: bytes, started: float) -> None:
+        try:
+            reply = self.plugin.create_container(payload)
+        except PluginError as exc:
+            conn.answer(sid, ttrpc.Code.UNKNOWN, str(exc) or "plugin error")
+        except Exception:  # fail open: a bug here must never block a container
+            log.exception("CreateContainer: plugin failed; answering with no changes")
+            conn.answer(sid, ttrpc.Code.OK)
+        else:
+            conn.answer(sid, ttrpc.Code.OK, payload=reply)
+        self.handling[self.decisions % HANDLING_SAMPLES] = time.perf_counter() - started
+        self.decisions += 1
+
+    def other_call(self, conn: _Connection, sid: int, method: str, payload: bytes, started: float) -> None:
+        if method == "Configure":
+            config = name = version = ""
+            for number, kind, a, b in wire.fields(payload):
+                if kind == wire.LEN:
+                    text = payload[a:b].decode(errors="replace")
+                    if number == 1:
+                        config = text
+                    elif number == 2:
+                        name = text
+                    elif number == 3:
+                        version = text
+            self.runtime = (name, version)
+            self.config = config
             try:
-                await asyncio.wait([stopping, closed], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-                closed.cancel()
-        except (ttrpc.TtrpcError, TimeoutError, ConnectionError) as exc:
-            log.warning("%s: registration failed: %s", self.full_name, exc or type(exc).__name__)
-        finally:
-            self.registered.clear()
-            self.synchronized.clear()
-            await mux.close()
-            await client.close()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        return registered
-
-
-async def run(
-    plugin: object,
-    socket_path: str | os.PathLike[str] | None = None,
-    name: str | None = None,
-    idx: str | None = None,
-) -> None:
-    """Serve ``plugin`` over NRI until cancelled (see ``Stub``)."""
-    await Stub(plugin, name=name, idx=idx, socket_path=socket_path).run()
+                self.plugin.configure(config, name, version)
+            except PluginError as exc:
+                conn.answer(sid, ttrpc.Code.UNKNOWN, str(exc) or "plugin error")
+                return
+            except Exception:
+                log.exception("Configure: plugin failed; continuing with its previous configuration")
+            conn.answer(sid, ttrpc.Code.OK, payload=wire.encode_varint_field(2, self.events))
+            log.info("%s: configured by %s %s (events 0x%x)", self.full_name, name, version, self.events)
+            if conn.prelaunched:
+                self._ready()  # NRI 0.6 synchronizes only plugins that connected themselves
+            else:
+                self._warm_timer = self.loop.call_later(0.05, self._warm_up)  # unless Synchronize comes first
+        elif method == "Synchronize":
+            # Nothing in it matters to Mokka: answered without decoding, whatever its size.
+            conn.answer(sid, ttrpc.Code.OK)
+            self.sync_seconds = time.perf_counter() - started
+            self.sync_bytes = len(payload)
+            self.synchronized = True
+            self._ready()
+            log.info("%s: synchronized (%d bytes, %.2f ms)", self.full_name, self.sync_bytes, self.sync_seconds * 1000)
+        elif method == "Shutdown":
+            log.info("%s: runtime is shutting down", self.full_name)
+            conn.answer(sid, ttrpc.Code.OK)
+        else:  # StateChange: Mokka subscribes to none; answer anyway
+            conn.answer(sid, ttrpc.Code.OK)

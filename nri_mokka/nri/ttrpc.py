@@ -1,4 +1,4 @@
-"""ttrpc, containerd's small RPC protocol, over one byte stream (a mux connection).
+"""ttrpc, containerd's small RPC protocol: message framing and the request/response envelope.
 
 A message is ``u32 length | u32 stream_id | u8 type | u8 flags | payload`` (big-endian; the
 length counts the payload only, at most 4 MiB). A unary call is a request (type 1, flags 0)
@@ -7,49 +7,36 @@ id carrying a ``ttrpc.Response``: a ``google.rpc.Status``-shaped status (absent 
 the call succeeded) and the reply's bytes. Clients number their calls with odd stream ids,
 from 1 and +2 per call; a server refuses even or non-increasing ids, as ttrpc's Go server does.
 
-``encode_message``/``MessageDecoder`` are pure. ``Client`` makes unary calls; ``Server`` answers
-them with the handlers of betterproto-generated service classes (``...Base``), looked up by
-service and method name. Streaming calls are not supported (NRI uses none).
+Pure functions; the envelopes are read and written field by field (``wire``) so the
+transport needs no message classes. ``stub`` runs this over the mux. Streaming calls are
+not supported (NRI uses none).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import enum
-import logging
 import struct
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, cast
 
-import betterproto
-import grpclib
-import grpclib.const
-
-from nri_mokka.nri._pb import ttrpc as pb
-from nri_mokka.nri.mux import MuxConn
+from nri_mokka.nri import wire
 
 __all__ = [
+    "CODE_NAMES",
     "FLAG_NO_DATA",
     "FLAG_REMOTE_CLOSED",
     "FLAG_REMOTE_OPEN",
     "MAX_MESSAGE",
-    "Client",
     "Code",
     "Message",
     "MessageDecoder",
     "MessageType",
     "ProtocolError",
-    "Servable",
-    "Server",
+    "Request",
     "TtrpcError",
+    "decode_request",
     "decode_response",
     "encode_message",
+    "encode_request",
     "encode_response",
 ]
-
-log = logging.getLogger(__name__)
 
 HEADER = struct.Struct(">IIBB")
 MAX_MESSAGE = 4 << 20
@@ -58,7 +45,7 @@ FLAG_REMOTE_OPEN = 0x2
 FLAG_NO_DATA = 0x4
 
 
-class Code(enum.IntEnum):
+class Code:
     """gRPC status codes, as ttrpc carries them."""
 
     OK = 0
@@ -80,16 +67,10 @@ class Code(enum.IntEnum):
     UNAUTHENTICATED = 16
 
 
-M = TypeVar("M", bound=betterproto.Message)
+CODE_NAMES = {v: k for k, v in vars(Code).items() if k.isupper()}
 
 
-class Servable(Protocol):
-    """A betterproto-generated service base (``...Base``): its path -> handler table."""
-
-    def __mapping__(self) -> Mapping[str, grpclib.const.Handler]: ...
-
-
-class MessageType(enum.IntEnum):
+class MessageType:
     REQUEST = 1
     RESPONSE = 2
     DATA = 3
@@ -102,22 +83,37 @@ class ProtocolError(Exception):
 class TtrpcError(Exception):
     """A call answered with a non-OK status; a server handler may raise it to send one."""
 
-    def __init__(self, code: Code | int, message: str = "") -> None:
-        try:
-            self.code: Code | int = Code(code)
-        except ValueError:
-            self.code = code
+    def __init__(self, code: int, message: str = "") -> None:
+        self.code = int(code)
         self.message = message
-        name = self.code.name if isinstance(self.code, Code) else str(self.code)
+        name = CODE_NAMES.get(self.code, str(self.code))
         super().__init__(f"ttrpc error {name}: {message}" if message else f"ttrpc error {name}")
 
 
-@dataclass(frozen=True)
 class Message:
-    stream_id: int
-    type: int
-    flags: int
-    payload: bytes
+    """One ttrpc message."""
+
+    __slots__ = ("flags", "payload", "stream_id", "type")
+
+    def __init__(self, stream_id: int, type_: int, flags: int, payload: bytes) -> None:
+        self.stream_id = stream_id
+        self.type = type_
+        self.flags = flags
+        self.payload = payload
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Message) and (self.stream_id, self.type, self.flags, self.payload) == (
+            other.stream_id,
+            other.type,
+            other.flags,
+            other.payload,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.stream_id, self.type, self.flags, self.payload))
+
+    def __repr__(self) -> str:
+        return f"Message(stream_id={self.stream_id}, type={self.type}, flags={self.flags}, {len(self.payload)} bytes)"
 
 
 def encode_message(stream_id: int, type_: int, flags: int, payload: bytes) -> bytes:
@@ -128,225 +124,131 @@ def encode_message(stream_id: int, type_: int, flags: int, payload: bytes) -> by
 
 
 class MessageDecoder:
-    """Split a byte stream, fed in arbitrary pieces, into ttrpc messages."""
+    """Split a byte stream, fed in arbitrary pieces, into ttrpc messages.
+
+    A large message (Synchronize on a busy node: megabytes) arrives in many pieces; they are
+    collected as they come and joined once, so reassembly is linear in its size.
+    """
+
+    __slots__ = ("_buf", "_parts", "_want", "first_piece_at")
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        self._buf = bytearray()  # the start of the stream: header(s) and small messages
+        self._parts: list[bytes] = []  # pieces of the one large message being collected
+        self._want = 0  # bytes still missing from that message
+        self.first_piece_at = 0.0  # set by the caller: when the message in progress began
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf) + sum(len(p) for p in self._parts)
 
     def feed(self, data: bytes) -> list[Message]:
-        self._buf += data
+        if self._want:
+            if len(data) < self._want:
+                self._parts.append(data)
+                self._want -= len(data)
+                return []
+            self._parts.append(data[: self._want])
+            data = data[self._want :]
+            self._want = 0
+            whole = b"".join(self._parts)
+            self._parts = []
+            length, stream_id, type_, flags = HEADER.unpack_from(whole)
+            out = [Message(stream_id, type_, flags, whole[10:])]
+            if data:
+                out += self.feed(data)
+            return out
+        buf = self._buf
+        buf += data
         out = []
-        while len(self._buf) >= HEADER.size:
-            length, stream_id, type_, flags = HEADER.unpack_from(self._buf)
+        pos = 0
+        size = len(buf)
+        while size - pos >= 10:
+            length, stream_id, type_, flags = HEADER.unpack_from(buf, pos)
             if length > MAX_MESSAGE:
                 raise ProtocolError(f"stream {stream_id}: message of {length} bytes exceeds {MAX_MESSAGE}")
-            end = HEADER.size + length
-            if len(self._buf) < end:
+            end = pos + 10 + length
+            if end > size:
+                if length > 65536:  # large: collect the rest piece by piece
+                    self._parts = [bytes(buf[pos:])]
+                    self._want = end - size
+                    pos = size
                 break
-            out.append(Message(stream_id, type_, flags, bytes(self._buf[HEADER.size : end])))
-            del self._buf[:end]
+            out.append(Message(stream_id, type_, flags, bytes(buf[pos + 10 : end])))
+            pos = end
+        if pos:
+            del buf[:pos]
         return out
 
 
-def encode_response(payload: bytes = b"", code: Code | int = Code.OK, message: str = "") -> bytes:
+class Request:
+    """A ``ttrpc.Request`` envelope: which method, and the argument's raw bytes."""
+
+    __slots__ = ("method", "payload", "service", "timeout_nano")
+
+    def __init__(self, service: str, method: str, payload: bytes, timeout_nano: int = 0) -> None:
+        self.service = service
+        self.method = method
+        self.payload = payload
+        self.timeout_nano = timeout_nano
+
+
+# ttrpc.Request: 1 service, 2 method, 3 payload, 4 timeout_nano, 5 metadata.
+# ttrpc.Response: 1 status (google.rpc.Status: 1 code, 2 message, 3 details), 2 payload.
+
+
+def decode_request(data: bytes) -> Request:
+    """Read a ``ttrpc.Request`` envelope (metadata is skipped); raise ``wire.WireError`` if malformed."""
+    service = method = ""
+    payload = b""
+    timeout = 0
+    for number, kind, a, b in wire.fields(data):
+        if kind == wire.LEN:
+            if number == 3:
+                payload = data[a:b]
+            elif number == 2:
+                method = data[a:b].decode()
+            elif number == 1:
+                service = data[a:b].decode()
+        elif number == 4 and kind == wire.VARINT:
+            timeout = a - (1 << 64) if a >= 1 << 63 else a
+    return Request(service, method, payload, timeout)
+
+
+def encode_request(service: str, method: str, payload: bytes, timeout_nano: int = 0) -> bytes:
+    return (
+        wire.encode_bytes(1, service.encode())
+        + wire.encode_bytes(2, method.encode())
+        + wire.encode_bytes(3, payload)
+        + wire.encode_varint_field(4, timeout_nano)
+    )
+
+
+def encode_response(payload: bytes = b"", code: int = Code.OK, message: str = "") -> bytes:
     """Return a ``ttrpc.Response`` envelope: OK with ``payload``, or an error status."""
-    if int(code) == Code.OK:
-        return bytes(pb.Response(payload=payload))
-    return bytes(pb.Response(status=pb.Status(code=int(code), message=message), payload=payload))
+    if code == Code.OK:
+        return wire.encode_bytes(2, payload)
+    status = wire.encode_varint_field(1, int(code)) + wire.encode_bytes(2, message.encode())
+    # An error status is always written, even where it encodes to nothing.
+    return (
+        wire.encode_varint(1 << 3 | wire.LEN) + wire.encode_varint(len(status)) + status + wire.encode_bytes(2, payload)
+    )
 
 
 def decode_response(data: bytes) -> bytes:
     """Return the payload of a ``ttrpc.Response``; raise ``TtrpcError`` for a non-OK status."""
-    resp = pb.Response().parse(data)
-    if resp.status.code != Code.OK:
-        raise TtrpcError(resp.status.code, resp.status.message)
-    return resp.payload
-
-
-class Client:
-    """Unary ttrpc calls over one connection (odd, increasing stream ids)."""
-
-    def __init__(self, conn: MuxConn) -> None:
-        self._conn = conn
-        self._next_id = 1
-        self._pending: dict[int, asyncio.Future[Message]] = {}
-        self._decoder = MessageDecoder()
-        self._reader: asyncio.Task[None] | None = None
-        self._closed: BaseException | None = None
-
-    def _ensure_reader(self) -> None:
-        if self._reader is None:
-            self._reader = asyncio.create_task(self._read_loop(), name=f"ttrpc-client-{self._conn.conn_id}")
-
-    async def call(
-        self,
-        service: str,
-        method: str,
-        request: betterproto.Message,
-        response_type: type[M],
-        *,
-        timeout: float | None = None,
-    ) -> M:
-        """Call ``service/method``; return the decoded reply or raise ``TtrpcError``.
-
-        ``timeout`` bounds the wait (``TimeoutError``) and is sent as the request's deadline.
-        A closed connection raises ``ConnectionResetError``.
-        """
-        if self._closed is not None:
-            raise ConnectionResetError(f"ttrpc connection closed: {self._closed}")
-        self._ensure_reader()
-        stream_id = self._next_id
-        self._next_id += 2
-        envelope = pb.Request(service=service, method=method, payload=bytes(request))
-        if timeout is not None:
-            envelope.timeout_nano = int(timeout * 1e9)
-        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self._pending[stream_id] = future
-        try:
-            await self._conn.write(encode_message(stream_id, MessageType.REQUEST, 0, bytes(envelope)))
-            reply = await asyncio.wait_for(future, timeout)
-        finally:
-            self._pending.pop(stream_id, None)
-        return response_type().parse(decode_response(reply.payload))
-
-    async def _read_loop(self) -> None:
-        reason: BaseException = EOFError("end of stream")
-        try:
-            while chunk := await self._conn.read():
-                for msg in self._decoder.feed(chunk):
-                    future = self._pending.get(msg.stream_id)
-                    if msg.type != MessageType.RESPONSE or future is None or future.done():
-                        log.debug("ttrpc client: ignoring %s for stream %d", msg.type, msg.stream_id)
-                        continue
-                    future.set_result(msg)
-        except ProtocolError as exc:
-            reason = exc
-            log.warning("ttrpc client: %s", exc)
-        finally:
-            self._closed = reason
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(ConnectionResetError(f"ttrpc connection closed: {reason}"))
-
-    async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-
-
-class _UnaryStream:
-    """What a betterproto-generated ``__rpc_*`` handler needs of a grpclib stream."""
-
-    def __init__(self, request: betterproto.Message) -> None:
-        self.request = request
-        self.response: betterproto.Message | None = None
-
-    async def recv_message(self) -> betterproto.Message:
-        return self.request
-
-    async def send_message(self, message: betterproto.Message, **_: Any) -> None:
-        self.response = message
-
-
-class Server:
-    """Answers unary ttrpc calls on one connection with betterproto service handlers.
-
-    Each service (a generated ``...Base`` subclass) maps ``/package.Service/Method`` to a handler; a request for
-    another service or method gets UNIMPLEMENTED, as from ttrpc's Go server. A handler
-    raising ``TtrpcError`` or ``grpclib.GRPCError`` sends that status; any other exception
-    sends UNKNOWN with the exception's text.
-    """
-
-    def __init__(self, conn: MuxConn, services: Iterable[Servable]) -> None:
-        self._conn = conn
-        self._handlers: dict[tuple[str, str], grpclib.const.Handler] = {}
-        self._services: set[str] = set()
-        for svc in services:
-            for path, handler in svc.__mapping__().items():
-                _, service, method = path.split("/")
-                self._handlers[service, method] = handler
-                self._services.add(service)
-        self._last_stream_id = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def serve(self) -> None:
-        """Answer requests until the connection ends; then cancel calls still running."""
-        decoder = MessageDecoder()
-        try:
-            while chunk := await self._conn.read():
-                for msg in decoder.feed(chunk):
-                    await self._receive(msg)
-        except ProtocolError as exc:
-            log.warning("ttrpc server: %s", exc)
-        finally:
-            for task in list(self._tasks):
-                task.cancel()
-
-    async def _receive(self, msg: Message) -> None:
-        if msg.stream_id % 2 != 1:
-            await self._reply(msg.stream_id, Code.INVALID_ARGUMENT, "StreamID must be odd for client initiated streams")
-        elif msg.type == MessageType.DATA:
-            await self._reply(msg.stream_id, Code.INVALID_ARGUMENT, "StreamID is no longer active")
-        elif msg.type == MessageType.REQUEST:
-            if msg.stream_id <= self._last_stream_id:
-                await self._reply(msg.stream_id, Code.INVALID_ARGUMENT, "StreamID cannot be re-used and must increment")
-                return
-            self._last_stream_id = msg.stream_id
-            task = asyncio.create_task(self._call(msg), name=f"ttrpc-call-{msg.stream_id}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        else:
-            log.debug("ttrpc server: ignoring message type %d on stream %d", msg.type, msg.stream_id)
-
-    async def _reply(self, stream_id: int, code: Code | int, message: str = "", payload: bytes = b"") -> None:
-        data = encode_message(stream_id, MessageType.RESPONSE, 0, encode_response(payload, code, message))
-        try:
-            await self._conn.write(data)
-        except ConnectionError as exc:
-            log.info("ttrpc server: cannot answer stream %d: %s", stream_id, exc)
-
-    async def _call(self, msg: Message) -> None:
-        try:
-            request = pb.Request().parse(msg.payload)
-        except Exception as exc:
-            await self._reply(msg.stream_id, Code.INVALID_ARGUMENT, f"unmarshal request error: {exc}")
-            return
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "ttrpc server: stream %d: %s/%s, %d bytes",
-                msg.stream_id,
-                request.service,
-                request.method,
-                len(request.payload),
-            )
-        handler = self._handlers.get((request.service, request.method))
-        if handler is None:
-            what = f"method {request.method}" if request.service in self._services else f"service {request.service}"
-            await self._reply(msg.stream_id, Code.UNIMPLEMENTED, what)
-            return
-        try:
-            argument = handler.request_type().parse(request.payload)
-        except Exception as exc:
-            await self._reply(msg.stream_id, Code.INTERNAL, f"ttrpc: error unmarshalling payload: {exc}")
-            return
-        stream = _UnaryStream(argument)
-        timeout = request.timeout_nano / 1e9 if request.timeout_nano > 0 else None
-        try:
-            async with asyncio.timeout(timeout):  # no extra task, unlike wait_for
-                await handler.func(cast(Any, stream))
-        except TimeoutError:
-            await self._reply(msg.stream_id, Code.DEADLINE_EXCEEDED, "handler exceeded the request's deadline")
-            return
-        except TtrpcError as exc:
-            await self._reply(msg.stream_id, exc.code, exc.message)
-            return
-        except grpclib.GRPCError as exc:
-            await self._reply(msg.stream_id, exc.status.value, exc.message or "")
-            return
-        except Exception as exc:
-            log.exception("ttrpc server: %s/%s failed", request.service, request.method)
-            await self._reply(msg.stream_id, Code.UNKNOWN, str(exc) or type(exc).__name__)
-            return
-        response = stream.response if stream.response is not None else handler.reply_type()
-        await self._reply(msg.stream_id, Code.OK, payload=bytes(response))
+    code = 0
+    message = ""
+    payload = b""
+    for number, kind, a, b in wire.fields(data):
+        if number == 2 and kind == wire.LEN:
+            payload = data[a:b]
+        elif number == 1 and kind == wire.LEN:
+            for n, k, x, y in wire.fields(data, a, b):
+                if n == 1 and k == wire.VARINT:
+                    code = x - (1 << 64) if x >= 1 << 63 else x
+                elif n == 2 and k == wire.LEN:
+                    message = data[x:y].decode(errors="replace")
+    if code != Code.OK:
+        raise TtrpcError(code, message)
+    return payload

@@ -1,0 +1,116 @@
+"""Answers to CreateContainer, encoded once per distinct input and reused.
+
+A node sees few distinct decisions (one per GPU set, per namespace rule), and encoding a
+ContainerAdjustment (betterproto) costs far more than looking one up. ``Answers.get`` keys
+on what a decision and its rendering depend on (``request.Key``), asks ``decision.decide``
+on a miss, renders the edits as NRI's ContainerAdjustment (the CDI generator renders the
+same edits) and keeps the encoded bytes. A new node layout or configuration starts afresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpumodel.edits import ContainerEdits
+from gpumodel.nodelayout import NodeLayout
+from nri_mokka import decision, request
+from nri_mokka.nri._pb.nri.pkg.api import v1alpha1 as api
+
+__all__ = ["MAX_ENTRIES", "Answer", "Answers", "render", "render_cdi"]
+
+MAX_ENTRIES = 4096  # distinct inputs kept; the cache starts afresh beyond that
+
+
+class Answer:
+    """An encoded CreateContainerResponse, with the decision's log text (or its refusal)."""
+
+    __slots__ = ("error", "reply", "text")
+
+    def __init__(self, reply: bytes, text: str, error: str | None) -> None:
+        self.reply = reply
+        self.text = text
+        self.error = error
+
+
+def render(edits: ContainerEdits, preload: str = "") -> api.ContainerAdjustment:
+    """The edits as an NRI ContainerAdjustment; ``preload`` is the container's own LD_PRELOAD."""
+    env = []
+    for key, value in edits.env_dict().items():
+        if key == "LD_PRELOAD" and preload:
+            value = f"{value}:{preload}"  # keep what the image preloads
+        env.append(api.KeyValue(key=key, value=value))
+    mounts = [
+        api.Mount(destination=m.container_path, type="bind", source=m.host_path, options=list(m.options))
+        for m in edits.mounts
+    ]
+    devices = [
+        api.LinuxDevice(
+            path=d.path, type=d.type, major=d.major, minor=d.minor, file_mode=api.OptionalFileMode(value=d.file_mode)
+        )
+        for d in edits.device_nodes
+    ]
+    adjust = api.ContainerAdjustment(env=env, mounts=mounts)
+    if devices:
+        adjust.linux = api.LinuxContainerAdjustment(devices=devices)
+    return adjust
+
+
+def render_cdi(names: tuple[str, ...]) -> api.ContainerAdjustment:
+    """GPUs as CDI device references: the runtime resolves them against the CDI spec
+    (`mokka cdi generate`), which carries the same edits."""
+    return api.ContainerAdjustment(cdi_devices=[api.CdiDevice(name=n) for n in names])
+
+
+def runtime_takes_cdi(runtime_name: str, runtime_version: str) -> bool:
+    """containerd 2.1 and later apply NRI's CDI device references (NRI >= 0.7); older
+    runtimes would silently drop them."""
+    if runtime_name != "containerd":
+        return False
+    parts = runtime_version.lstrip("v").split("+")[0].split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= (2, 1)
+    except (ValueError, IndexError):
+        return False
+
+
+class Answers:
+    """Decisions for one node layout and configuration, encoded once per distinct input."""
+
+    def __init__(self, layout: NodeLayout, config: decision.Config, runtime_cdi: bool) -> None:
+        self.layout = layout
+        self.config = config
+        self.runtime_cdi = runtime_cdi
+        self._cache: dict[request.Key, Answer] = {}
+        self._encoded: dict[tuple[object, ...], bytes] = {}  # one encoding per distinct adjustment
+
+    def get(self, key: request.Key) -> Answer:
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._decide(key)
+            if len(self._cache) >= MAX_ENTRIES:
+                self._cache.clear()
+            self._cache[key] = hit
+        return hit
+
+    def _decide(self, key: request.Key) -> Answer:
+        d = decision.decide(request.container(key), self.layout, self.config)
+        if d.error:
+            return Answer(b"", d.describe(), f"mokka: {d.error}")
+        if d.edits is None:
+            return Answer(b"", d.describe(), None)
+        if d.cdi_devices and self.runtime_cdi:
+            reply = self._encode(("cdi", d.cdi_devices), lambda: render_cdi(d.cdi_devices))
+        else:
+            edits = d.edits
+            preload = dict(key[3]).get("LD_PRELOAD", "")
+            reply = self._encode(("edits", edits, preload), lambda: render(edits, preload))
+        return Answer(reply, d.describe(), None)
+
+    def _encode(self, what: tuple[object, ...], build: Callable[[], api.ContainerAdjustment]) -> bytes:
+        data = self._encoded.get(what)
+        if data is None:
+            data = bytes(api.CreateContainerResponse(adjust=build()))
+            if len(self._encoded) >= MAX_ENTRIES:
+                self._encoded.clear()
+            self._encoded[what] = data
+        return data
