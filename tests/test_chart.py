@@ -121,6 +121,7 @@ MATRIX: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
     "all-on": (
         {
             "gpu": {"profile": "gb200", "count": 4},
+            "plugin": {"allocator": "external"},
             "containerdConfig": {"install": True},
             "hostSetup": {"runNvidia": {"toolkitReady": True}},
             "integrations": {"fakeGpuOperator": {"enabled": True, "targetNamespace": "gpu-operator"}},
@@ -219,6 +220,7 @@ def check_daemonset(docs: Docs, given: dict[str, Any]) -> None:
     assert args == {
         "--socket": v["plugin"]["socket"],
         "--idx": str(v["plugin"]["idx"]),
+        "--allocator": v["plugin"]["allocator"],
         "--root": v["hostSetup"]["root"],
         "--health-addr": f"0.0.0.0:{v['plugin']['healthPort']}",
     }
@@ -372,6 +374,7 @@ def test_schema_rejects_bad_values(helm: Path) -> None:
         ["--set", "image.pullPolicy=Sometimes"],
         ["--set", "unknownTopLevel=1"],
         ["--set", "plugin.idx=100"],
+        ["--set", "plugin.allocator=kubelet"],
         ["--set", "integrations.fakeGpuOperator.profileLabels.flag=true"],  # a bool is not a label value
         ["--set", "integrations.fakeGpuOperator.targetNamespace=Not_A_Namespace"],
         ["--set", "rbac.ownNodePolicy=maybe"],
