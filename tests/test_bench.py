@@ -43,15 +43,26 @@ def test_bench_host_setup() -> None:
 def test_bench_nri() -> None:
     if os.geteuid() != 0:
         pytest.skip("starts a private containerd: needs root")
-    out = bench("nri", "--rounds", "1", "--creates", "3", "--restarts", "1")
+    out = bench(
+        "nri", "--containerd", "2.1", "--rounds", "1", "--creates", "3", "--restarts", "1", "--kills", "1",
+        "--sync-containers", "3", "--chaos", "--chaos-creates", "5",
+    )  # fmt: skip
     for figure in (
-        "median (ms)",
+        "CreateContainer median, no plugin",
+        "CreateContainer median, CDI edits, no plugin",
+        "added by the plugin, median",
         "plugin CPU per container",
         "plugin handling p99",
-        "plugin RSS",
-        "re-register after restart",
+        "plugin process RSS",
+        "start -> registered",
+        "SIGKILL -> replacement registered",
+        "SIGSTOP -> replacement registered",
+        "Synchronize with 3 containers",
+        "re-register after containerd restart",
+        "failed creates",
+        "not injected",
     ):
-        assert figure in out
+        assert figure in out, out
 
 
 def test_bench_fault() -> None:

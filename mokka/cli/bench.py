@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from .root import GPUS_OPTION, load_profile, main
@@ -32,15 +34,69 @@ def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int)
 
 
 @bench.command("nri")
-@click.option("--containerd", "version", type=click.Choice(["1.7", "2.1"]), default="2.1", show_default=True)
-@click.option("--rounds", default=3, show_default=True, help="Interleaved rounds (with / without the plugin).")
+@click.option(
+    "--containerd",
+    "versions",
+    type=click.Choice(["1.7", "2.1"]),
+    multiple=True,
+    default=["1.7", "2.1"],
+    show_default=True,
+    help="containerd version(s), each in its own private sandbox.",
+)
+@click.option("--rounds", default=5, show_default=True, help="Interleaved rounds (no plugin / CDI edits / plugin).")
 @click.option("--creates", default=100, show_default=True, help="CreateContainer calls per round and side.")
 @click.option("--restarts", default=10, show_default=True, help="containerd restarts to time re-registration.")
-def bench_nri(version: str, rounds: int, creates: int, restarts: int) -> None:
-    """The NRI plugin on a private containerd (root): CreateContainer cost, CPU, RSS, re-registration."""
-    from testbed import bench as benchmarks
+@click.option("--kills", default=5, show_default=True, help="SIGKILLs and SIGSTOPs of the plugin to time its return.")
+@click.option(
+    "--sync-containers", default=500, show_default=True, help="Containers on the node for Synchronize (0: skip)."
+)
+@click.option(
+    "--chaos", is_flag=True, help="Also: random SIGKILL/SIGSTOP of the plugin during --chaos-creates creates."
+)
+@click.option("--chaos-creates", default=200, show_default=True)
+@click.option("--seed", type=int, default=None, help="Seed of the chaos (default: random).")
+@click.option(
+    "--previous",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="Also time an earlier implementation: `mokka nri-plugin` of this checkout (with its .venv).",
+)
+@click.option(
+    "--py-spy",
+    "py_spy",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Profile the plugin with py-spy during 300 more creates; raw stacks into this directory.",
+)
+def bench_nri(
+    versions: tuple[str, ...],
+    rounds: int,
+    creates: int,
+    restarts: int,
+    kills: int,
+    sync_containers: int,
+    chaos: bool,
+    chaos_creates: int,
+    seed: int | None,
+    previous: str | None,
+    py_spy: Path | None,
+) -> None:
+    """The NRI plugin on private containerds (root): CreateContainer cost, CPU, RSS, start, restarts, chaos."""
+    from testbed import bench_nri
 
-    benchmarks.nri(version, rounds, creates, restarts)
+    bench_nri.run(
+        list(dict.fromkeys(versions)),
+        rounds,
+        creates,
+        restarts,
+        chaos=chaos,
+        chaos_creates=chaos_creates,
+        sync_containers=sync_containers,
+        kills=kills,
+        previous=previous,
+        py_spy=py_spy,
+        seed=seed,
+    )
 
 
 @bench.command("host-setup")
