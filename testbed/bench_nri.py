@@ -50,7 +50,7 @@ TARGETS = {
     "sync_ms": 50.0,
     "reregister_s": 0.5,
 }
-INJECTED = "MOKKA_STATE="  # in a container's environment when the plugin adjusted it
+INJECTED = "/libnvidia-ml.so.1"  # the destination of a mount the plugin adds
 
 
 @dataclass
@@ -362,9 +362,9 @@ def _chaos(box: sandbox.Sandbox, pod: str, proc: PluginProcess, count: int, rng:
         explained += overlaps
         if cid is None:
             continue
-        env = box.inspect(cid)["info"]["runtimeSpec"]["process"].get("env", [])
+        mounts = box.inspect(cid)["info"]["runtimeSpec"].get("mounts", [])
         box.remove_container(cid)
-        if not any(e.startswith(INJECTED) for e in env):
+        if not any(m.get("destination", "").endswith(INJECTED) for m in mounts):
             uninjected += 1
             unexplained += not overlaps
     down_s = sum(b - a for a, b in down)
