@@ -14,6 +14,7 @@ betterproto and the decision and loads the node layout.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import Mapping
@@ -23,8 +24,11 @@ from nri_mokka.nri.stub import EVENTS, PluginError, event_mask
 # typing is not imported at run time (mypy reads TYPE_CHECKING as true): the plugin starts faster.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from nri_mokka import decision
     from nri_mokka.answers import Answers
+    from nri_mokka.request import CreateRequest
 
 log = logging.getLogger("mokka.plugin")
 
@@ -48,6 +52,7 @@ class MokkaPlugin:
         self.answers: Answers | None = None  # None while no usable layout is staged
         self.layout_gpus = 0
         self.warm = False
+        self._read: Callable[[bytes], CreateRequest] | None = None  # request.CreateRequest, once warm
         self._layout_file = f"{self.root}/node.json"  # a plain string: stat() on it per call is cheap
         self._stamp: tuple[int, int] | None = None
 
@@ -65,20 +70,26 @@ class MokkaPlugin:
         if self.warm:
             return
         from nri_mokka import answers  # noqa: F401  (betterproto, the decision, gpumodel)
+        from nri_mokka.request import CreateRequest
 
+        self._read = CreateRequest
         self.warm = True
         self._apply_config()
         if self.answers is not None:
             self.answers.get(("default", (), (), (), ()))
+        # What is loaded now lives as long as the process: keep the cyclic collector from
+        # walking it again and again while a container waits (and, in the supervisor's copy,
+        # from touching pages its forks share).
+        gc.collect()
+        gc.freeze()
 
     def create_container(self, payload: bytes) -> bytes:
-        if not self.warm:
+        if self._read is None:
             self.warm_up()
+            assert self._read is not None
         if self._layout_stamp() != self._stamp:
             self._load_layout()
-        from nri_mokka.request import CreateRequest
-
-        req = CreateRequest(payload)
+        req = self._read(payload)
         if self.answers is None:
             log.info("%s/%s/%s: untouched (no node layout)", req.namespace, req.pod_name, req.container_name())
             return b""

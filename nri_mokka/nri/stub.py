@@ -129,10 +129,9 @@ def event_mask(events: list[int] | tuple[int, ...]) -> int:
 class _Connection:
     """One trunk: mux frames, ttrpc on conn 1 (we serve) and conn 2 (we call)."""
 
-    def __init__(self, stub: Stub, sock: socket.socket, prelaunched: bool) -> None:
+    def __init__(self, stub: Stub, sock: socket.socket, inherited: bool) -> None:
         self.stub = stub
-        self.prelaunched = prelaunched  # not redialled when lost
-        self.fd_given = False  # handed over by containerd
+        self.inherited = inherited  # handed over by containerd (pre-launched), not dialled
         self.sock = sock
         self.fd = sock.fileno()
         sock.setblocking(False)
@@ -356,7 +355,7 @@ class Stub:
         if self.fd is not None:
             log.info("%s: using pre-connected socket fd %d", self.full_name, self.fd)
             fd, self.fd = self.fd, None  # a connection lost is not reused
-            self._open(socket.socket(fileno=fd), prelaunched=True, fd_given=True)
+            self._open(socket.socket(fileno=fd), inherited=True)
         else:
             self._dial()
         self.loop.run()
@@ -386,11 +385,10 @@ class Stub:
             self.loop.call_later(self.retry, self._dial)
             return
         self._reported = ""
-        self._open(sock, prelaunched=not self.reconnect)
+        self._open(sock, inherited=False)
 
-    def _open(self, sock: socket.socket, prelaunched: bool, fd_given: bool = False) -> None:
-        conn = _Connection(self, sock, prelaunched)
-        conn.fd_given = fd_given
+    def _open(self, sock: socket.socket, inherited: bool) -> None:
+        conn = _Connection(self, sock, inherited)
         self._conn = conn
         self.loop.watch(conn.fd, poll_loop.READ, conn.on_ready)
         request = wire.encode_bytes(1, self.name.encode()) + wire.encode_bytes(2, self.idx.encode())
@@ -405,12 +403,8 @@ class Stub:
         self.connections += 1
         self.registered = True
         self.registered_at = time.monotonic()
-        log.info(
-            "%s: registered (pid %d, %.1f ms after start)",
-            self.full_name,
-            os.getpid(),
-            (self.registered_at - self.started_at) * 1000,
-        )
+        since = f", {(self.registered_at - self.started_at) * 1000:.1f} ms after start" if self.connections == 1 else ""
+        log.info("%s: registered (pid %d%s)", self.full_name, os.getpid(), since)
 
     def connection_closed(self, conn: _Connection, why: str) -> None:
         if conn is not self._conn:
@@ -422,7 +416,7 @@ class Stub:
             self._warm_timer.cancel()
         if self._stopping:
             return
-        if conn.prelaunched and (was or conn.fd_given):
+        if conn.inherited or (was and not self.reconnect):
             log.info("%s: connection %s; exiting (containerd launches its plugins afresh)", self.full_name, why)
             self.loop.stop()
             return
@@ -483,7 +477,7 @@ class Stub:
                 log.exception("Configure: plugin failed; continuing with its previous configuration")
             conn.answer(sid, ttrpc.Code.OK, payload=wire.encode_varint_field(2, self.events))
             log.info("%s: configured by %s %s (events 0x%x)", self.full_name, name, version, self.events)
-            if conn.prelaunched:
+            if conn.inherited:
                 self._ready()  # NRI 0.6 synchronizes only plugins that connected themselves
             else:
                 self._warm_timer = self.loop.call_later(0.05, self._warm_up)  # unless Synchronize comes first
