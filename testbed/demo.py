@@ -252,7 +252,7 @@ def teardown(base: Path, box: sandbox.Sandbox | None, plugin: PluginProcess | No
 
 
 def _stop_plugins(base: Path) -> None:
-    """SIGTERM (then SIGKILL) every `mokka nri-plugin` serving a socket under ``base``."""
+    """SIGTERM (then SIGKILL) every NRI plugin process (`python -m nri_mokka`) serving a socket under ``base``."""
     pids = []
     for proc_dir in Path("/proc").iterdir():
         if not proc_dir.name.isdigit():
@@ -261,7 +261,7 @@ def _stop_plugins(base: Path) -> None:
             argv = (proc_dir / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if "nri-plugin" in argv and str(base) in argv:
+        if ("nri-plugin" in argv or "nri_mokka" in argv) and str(base) in argv:
             pids.append(int(proc_dir.name))
             with contextlib.suppress(OSError):
                 os.kill(pids[-1], signal.SIGTERM)
