@@ -16,6 +16,7 @@ with or without the plugin running.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from test_e2e_cdi import PROBE, PROFILE, assert_sees_exactly, device_nodes, sect
 
 import cdi
 from gpumodel import nodelayout, profile
+from gpumodel.edits import SHIM_IN_CONTAINER
 from testbed import sandbox
 from testbed.plugin_process import PluginProcess
 
@@ -98,6 +100,23 @@ def test_opted_out_pod_sees_nothing(node_with_plugin: tuple[sandbox.Sandbox, Plu
     assert smi_lines(out) == []
     assert "exit 127" in sections(out)["smi"]  # no nvidia-smi at all
     assert not [n for n in device_nodes(sections(out)["dev"]) if n.startswith("nvidia")]
+
+
+def test_other_rules(node_with_plugin: tuple[sandbox.Sandbox, PluginProcess], layout: nodelayout.NodeLayout) -> None:
+    """mokka.io/gpus picks GPUs (with their device nodes), an excluded namespace is left alone,
+    an image's own LD_PRELOAD is kept, and a GPU the node lacks fails the container."""
+    box, _ = node_with_plugin
+    assert_sees_exactly(run_probe(box, pod_annotations={"mokka.io/gpus": "2"}), layout, 2)
+    pod = box.run_pod(f"k{time.monotonic_ns() % 10**8}", namespace="kube-system")
+    out = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", PROBE]).logs
+    box.remove_pod(pod)
+    assert smi_lines(out) == [] and "exit 127" in sections(out)["smi"], out
+    out = run_probe(box, env={"LD_PRELOAD": "/lib/nothing-here.so"})
+    assert f"LD_PRELOAD={SHIM_IN_CONTAINER}:/lib/nothing-here.so" in sections(out)["env"], out
+    pod = box.run_pod(f"u{time.monotonic_ns() % 10**8}", annotations={"mokka.io/gpus": "12"})
+    with pytest.raises(sandbox.SandboxError, match=re.escape("mokka.io/gpus names GPU '12', which this node does not")):
+        box.create_container(pod, sandbox.WORKLOAD_IMAGE, ["true"])
+    box.remove_pod(pod)
 
 
 def test_plugin_returns_after_containerd_restart(node_with_plugin: tuple[sandbox.Sandbox, PluginProcess]) -> None:
