@@ -47,6 +47,7 @@ class MokkaPlugin:
         self.root = os.fspath(root)
         self.settings = dict(settings or {})
         self.config_text = ""
+        self.launch_config = ""  # the config containerd gave the plugin it launched (see configure)
         self.runtime = ("", "")
         self.config: decision.Config | None = None
         self.answers: Answers | None = None  # None while no usable layout is staged
@@ -59,6 +60,8 @@ class MokkaPlugin:
     # -- stub interface --
 
     def configure(self, config: str, runtime_name: str, runtime_version: str) -> None:
+        if not config.strip() and self.launch_config:
+            config = self.launch_config  # a replacement that dialled: containerd sends it no config
         changed = (config, (runtime_name, runtime_version)) != (self.config_text, self.runtime)
         self.config_text = config
         self.runtime = (runtime_name, runtime_version)

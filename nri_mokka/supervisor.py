@@ -155,6 +155,10 @@ class Supervisor:
             self.quick_failures = 0
             try:
                 report = json.loads(line)
+                if self.prelaunched and report["config"].strip():
+                    # containerd configures only the connection it handed over; a replacement
+                    # that dials gets no config string, and takes this one instead
+                    self.template.launch_config = report["config"]
                 self.template.configure(report["config"], *report["runtime"])
             except (ValueError, KeyError, TypeError):
                 pass

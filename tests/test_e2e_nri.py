@@ -168,8 +168,9 @@ def test_pre_launched_by_containerd(
     version: str, tmp_path_factory: pytest.TempPathFactory, layout: nodelayout.NodeLayout, workload_image: Path
 ) -> None:
     """containerd starts the plugin itself from its plugin directory (socket on fd 3), with the
-    script `--print-prelaunch-script` writes; a crashed plugin process is replaced, dialling the
-    socket, and the next container is injected again."""
+    script `--print-prelaunch-script` writes, and configures it from its config file (allocator
+    external); a crashed plugin process is replaced, dialling the socket, and serves the next
+    container as configured."""
     base = tmp_path_factory.mktemp("pl")
     shutil.rmtree(base)
     with sandbox.Sandbox(base, version, nri=True) as box:
@@ -187,6 +188,8 @@ def test_pre_launched_by_containerd(
         ).stdout
         (plugins / "10-mokka").write_text(script)
         (plugins / "10-mokka").chmod(0o755)
+        (base / "nri" / "conf.d").mkdir(parents=True, exist_ok=True)
+        (base / "nri" / "conf.d" / "10-mokka.conf").write_text("allocator: external\n")
         box.restart()  # containerd launches the plugins of its plugin directory at start
 
         def wait_log(text: str, count: int = 1) -> None:
@@ -196,12 +199,17 @@ def test_pre_launched_by_containerd(
                 time.sleep(0.05)
 
         wait_log("registered")
-        assert len(smi_lines(run_probe(box))) == 8
+
+        def configured_by_containerd() -> None:  # allocator external, from the plugin's config file
+            assert smi_lines(run_probe(box)) == [], log.read_text()[-3000:]
+            assert len(smi_lines(run_probe(box, env={"NVIDIA_VISIBLE_DEVICES": "1,3"}))) == 2
+
+        configured_by_containerd()
         assert "pre-connected socket fd 3" in log.read_text()
         serving = [int(ln.split()[2]) for ln in log.read_text().splitlines() if ": registered (pid" in ln][-1]
         os.kill(serving, signal.SIGKILL)
         wait_log("registered", 2)
-        assert len(smi_lines(run_probe(box))) == 8, log.read_text()[-3000:]
+        configured_by_containerd()  # the replacement keeps containerd's configuration
     assert sandbox.leftovers(base) == []
 
 

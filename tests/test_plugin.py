@@ -218,3 +218,15 @@ def test_health_endpoints(root: Path) -> None:
     assert n_code == 404
     with pytest.raises(ValueError, match="HOST:PORT"):
         listen("nonsense")
+
+
+def test_a_replacement_keeps_the_configuration_containerd_launched_with(root: Path) -> None:
+    """containerd configures only the connection it handed a launched plugin; a replacement that
+    dials gets an empty config string and keeps the launched one (the supervisor passes it on)."""
+    p = plugin.MokkaPlugin(root)
+    p.launch_config = "allocator: external\n"
+    p.configure("", "containerd", "v2.1.9")
+    assert create(p, pod(), container()) is None
+    assert p.config is not None and p.config.allocator == "external"
+    p.configure("allocator: nri\n", "containerd", "v2.1.9")  # a config string given wins
+    assert create(p, pod(), container()) is not None
