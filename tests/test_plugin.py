@@ -139,7 +139,8 @@ def test_without_layout_everything_passes(tmp_path: Path) -> None:
 
 
 def test_registers_before_importing_the_heavy_parts(root: Path) -> None:
-    """Nothing of betterproto, the decision or gpumodel is loaded until warm_up."""
+    """Nothing of betterproto, the decision or gpumodel is loaded until warm_up; click, pydantic
+    and cffi never."""
     code = (
         "import sys\n"
         "from nri_mokka import main, plugin, service, supervisor, health\n"
@@ -149,6 +150,7 @@ def test_registers_before_importing_the_heavy_parts(root: Path) -> None:
         "print(loaded)\n"
         "p.warm_up()\n"
         "print(p.answers is not None)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'click', 'pydantic', 'cffi', 'mokka', 'testbed'}))\n"
     )
     import subprocess
     import sys
@@ -156,6 +158,7 @@ def test_registers_before_importing_the_heavy_parts(root: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "[]", out
     assert out[1] == "True"
+    assert out[2] == "[]", out  # and never the command line's heavy parts
 
 
 def test_cdi_references_only_where_the_runtime_applies_them(root: Path) -> None:
