@@ -75,15 +75,19 @@ class FrameDecoder:
         frames = []
         pos = 0
         size = len(buf)
-        while size - pos >= 8:
-            conn_id, length = HEADER.unpack_from(buf, pos)
-            if length > MAX_PAYLOAD:
-                raise MuxError(f"frame for conn {conn_id} announces {length} bytes (limit {MAX_PAYLOAD})")
-            end = pos + 8 + length
-            if end > size:
-                break
-            frames.append((conn_id, bytes(buf[pos + 8 : end])))
-            pos = end
+        view = memoryview(buf)
+        try:
+            while size - pos >= 8:
+                conn_id, length = HEADER.unpack_from(view, pos)
+                if length > MAX_PAYLOAD:
+                    raise MuxError(f"frame for conn {conn_id} announces {length} bytes (limit {MAX_PAYLOAD})")
+                end = pos + 8 + length
+                if end > size:
+                    break
+                frames.append((conn_id, bytes(view[pos + 8 : end])))
+                pos = end
+        finally:
+            view.release()  # a bytearray with a view cannot be resized
         if pos:
             del buf[:pos]
         return frames

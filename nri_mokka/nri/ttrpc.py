@@ -130,31 +130,33 @@ class MessageDecoder:
     collected as they come and joined once, so reassembly is linear in its size.
     """
 
-    __slots__ = ("_buf", "_parts", "_want", "first_piece_at")
+    __slots__ = ("_buf", "_collected", "_parts", "_want")
 
     def __init__(self) -> None:
         self._buf = bytearray()  # the start of the stream: header(s) and small messages
         self._parts: list[bytes] = []  # pieces of the one large message being collected
+        self._collected = 0  # their size
         self._want = 0  # bytes still missing from that message
-        self.first_piece_at = 0.0  # set by the caller: when the message in progress began
 
     @property
     def pending(self) -> int:
-        return len(self._buf) + sum(len(p) for p in self._parts)
+        """Bytes held back, waiting for the rest of their message."""
+        return len(self._buf) + self._collected
 
     def feed(self, data: bytes) -> list[Message]:
         if self._want:
             if len(data) < self._want:
                 self._parts.append(data)
+                self._collected += len(data)
                 self._want -= len(data)
                 return []
             self._parts.append(data[: self._want])
             data = data[self._want :]
-            self._want = 0
-            whole = b"".join(self._parts)
+            self._want = self._collected = 0
+            whole = memoryview(b"".join(self._parts))
             self._parts = []
-            length, stream_id, type_, flags = HEADER.unpack_from(whole)
-            out = [Message(stream_id, type_, flags, whole[10:])]
+            _, stream_id, type_, flags = HEADER.unpack_from(whole)
+            out = [Message(stream_id, type_, flags, bytes(whole[10:]))]
             if data:
                 out += self.feed(data)
             return out
@@ -171,6 +173,7 @@ class MessageDecoder:
             if end > size:
                 if length > 65536:  # large: collect the rest piece by piece
                     self._parts = [bytes(buf[pos:])]
+                    self._collected = size - pos
                     self._want = end - size
                     pos = size
                 break
