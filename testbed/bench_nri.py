@@ -509,7 +509,7 @@ def _report(
     if any(f.sync_containers for f in results):
         n = max(f.sync_containers for f in results)
         row(
-            f"Synchronize with {n} containers (ms), max",
+            f"Synchronize with {n} containers, plugin (ms), max",
             [max(f.sync_ms, default=float("nan")) for f in results],
             "{:.2f}",
             TARGETS["sync_ms"],
