@@ -38,14 +38,6 @@ class Options:
         self.settings = settings or {}  # decision.Config's keys: mode, excludeNamespaces, cdiDevices, allocator
 
 
-class _Stopped(Exception):
-    pass
-
-
-def _stop_on_signal(signum: int, frame: object) -> None:
-    raise _Stopped(signal.Signals(signum).name)
-
-
 def run(
     opts: Options,
     *,
@@ -98,11 +90,38 @@ def run(
             stub.stop()
 
         loop.watch(parent_fd, poll_loop.READ, parent_gone)
+    # SIGTERM/SIGINT stop the loop from inside it: the handler only notes the signal (raising
+    # from a handler would be swallowed where it lands in a logging call), and the wakeup
+    # pipe makes poll() return even when the signal came just before it was entered.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signum)
+
+    def woken(revents: int) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(wake_r, 512)
+        if received:
+            log.info(
+                "%s: stopping on %s after %d decisions",
+                stub.full_name,
+                signal.Signals(received[0]).name,
+                stub.decisions,
+            )
+            stub.stop()
+
+    loop.watch(wake_r, poll_loop.READ, woken)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _stop_on_signal)
+        signal.signal(sig, on_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})  # blocked across a fork
     try:
         stub.run()
-    except _Stopped as exc:
-        log.info("%s: stopping on %s after %d decisions", stub.full_name, exc, stub.decisions)
-        stub.stop()
+    finally:
+        signal.set_wakeup_fd(-1)
+        os.close(wake_r)
+        os.close(wake_w)
     return 0

@@ -102,12 +102,19 @@ class Supervisor:
         alive_r, alive_w = os.pipe()
         ready_r, ready_w = os.pipe()
         fd, self.fd = self.fd, None
+        # No signal handler of ours may run between the fork and the child's bookkeeping:
+        # a SIGTERM there would miss the new plugin process (parent) or act on the
+        # supervisor's state (child). The child unblocks once its own handlers are in place.
+        stop_signals = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         pid = os.fork()
         if pid == 0:  # the plugin process
             code = 1
             try:
                 signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for sig in stop_signals:
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
                 for unused in (wake_r, wake_w, alive_w, ready_r, self._alive_w, self._ready_r):
                     if unused >= 0:
                         os.close(unused)
@@ -136,6 +143,7 @@ class Supervisor:
         self.child = pid
         self.child_started = time.monotonic()
         self.child_ready = False
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
 
     def _read_ready(self) -> None:
         try:

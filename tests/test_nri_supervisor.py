@@ -222,3 +222,23 @@ def test_units(tmp_path: Path) -> None:
     assert res.stdout.startswith("#!/bin/sh\n") and f"exec {sys.executable} -m nri_mokka " in res.stdout
     syntax = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True, check=False)
     assert syntax.returncode == 0, syntax.stderr
+
+
+def test_sigterm_at_any_moment_stops_everything(runtime: FakeRuntime, tmp_path: Path) -> None:
+    """SIGTERM right after registration (the plugin process busy logging, the supervisor warming
+    up) still stops both: a signal handler that raised was once swallowed by a logging call."""
+    for delay in (0, 0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.3):
+        proc = plugin("--socket", str(runtime.path), "--root", str(tmp_path))
+        session = runtime.next_session()
+        session.configure()
+        time.sleep(delay)
+        family = [proc.pid, *children(proc.pid)]
+        proc.terminate()
+        try:
+            assert proc.wait(20) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        for pid in family:
+            assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+        session.close()
