@@ -7,7 +7,6 @@ registered: start-up time is time containerd creates containers without the plug
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
@@ -119,10 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             _fail(f"--log-file {args.log_file}: {exc.strerror}")
         os.dup2(out, 2)
         os.close(out)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
-    )
+    from nri_mokka import log
+
+    log.set_level(log.DEBUG if args.verbose else log.INFO)
     fd = None
     if fd_text := os.environ.get(ENV_SOCKET):
         try:

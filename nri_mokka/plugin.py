@@ -15,10 +15,10 @@ betterproto and the decision and loads the node layout.
 from __future__ import annotations
 
 import gc
-import logging
 import os
 from collections.abc import Mapping
 
+from nri_mokka.log import Logger
 from nri_mokka.nri.stub import EVENTS, PluginError, event_mask
 
 # typing is not imported at run time (mypy reads TYPE_CHECKING as true): the plugin starts faster.
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from nri_mokka.answers import Answers
     from nri_mokka.request import CreateRequest
 
-log = logging.getLogger("mokka.plugin")
+log = Logger("mokka.plugin")
 
 
 class MokkaPlugin:

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import socket
 
+from nri_mokka.log import Logger
 from nri_mokka.nri import loop as poll_loop
 from nri_mokka.nri.stub import Stub
 from nri_mokka.plugin import MokkaPlugin
 
 __all__ = ["Options", "run"]
 
-log = logging.getLogger("mokka.plugin")
+log = Logger("mokka.plugin")
 
 
 class Options:

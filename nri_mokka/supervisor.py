@@ -18,7 +18,6 @@ exit code 2 (bad configuration) is final.
 
 from __future__ import annotations
 
-import logging
 import os
 import select
 import signal
@@ -26,11 +25,12 @@ import socket
 import time
 
 from nri_mokka import service
+from nri_mokka.log import Logger
 from nri_mokka.plugin import MokkaPlugin
 
 __all__ = ["Supervisor"]
 
-log = logging.getLogger("mokka.supervisor")
+log = Logger("mokka.supervisor")
 
 QUICK_FAILURES = 3  # plugin processes dying unregistered before restarts are delayed
 MAX_DELAY = 5.0
@@ -130,7 +130,6 @@ class Supervisor:
             except BaseException:
                 log.exception("plugin process failed")
             finally:
-                logging.shutdown()
                 os._exit(code)
         os.close(alive_r)
         os.close(ready_w)

@@ -233,3 +233,25 @@ def test_a_replacement_keeps_the_configuration_containerd_launched_with(root: Pa
     assert p.config is not None and p.config.allocator == "external"
     p.configure("allocator: nri\n", "containerd", "v2.1.9")  # a config string given wins
     assert create(p, pod(), container()) is not None
+
+
+def test_log_lines(capfd: pytest.CaptureFixture[str]) -> None:
+    from nri_mokka import log
+
+    logger = log.Logger("mokka.test")
+    logger.info("%s/%s: %d GPUs", "ns", "pod", 8)
+    logger.debug("not shown at INFO")
+    log.set_level(log.DEBUG)
+    try:
+        logger.debug("shown %s", "now")
+    finally:
+        log.set_level(log.INFO)
+    try:
+        raise KeyError("boom")
+    except KeyError:
+        logger.exception("failed %d", 1)
+    lines = capfd.readouterr().err.splitlines()
+    assert lines[0].endswith(f" {os.getpid()} INFO mokka.test: ns/pod: 8 GPUs")
+    assert lines[0][:4].isdigit() and lines[0][19] == "," and lines[0][20:23].isdigit()
+    assert lines[1].endswith("DEBUG mokka.test: shown now")
+    assert lines[2].endswith("ERROR mokka.test: failed 1") and "KeyError: 'boom'" in lines[-1]

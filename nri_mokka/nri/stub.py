@@ -19,7 +19,6 @@ runs: a plugin registers first and loads what it needs after.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import socket
@@ -27,6 +26,7 @@ import time
 from array import array
 from collections.abc import Callable, Mapping
 
+from nri_mokka.log import Logger
 from nri_mokka.nri import loop as poll_loop
 from nri_mokka.nri import ttrpc, wire
 from nri_mokka.nri.mux import MAX_FRAME_PAYLOAD, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, FrameDecoder, MuxError
@@ -50,7 +50,7 @@ __all__ = [
 # typing is not imported at run time (mypy reads TYPE_CHECKING as true): the plugin starts faster.
 TYPE_CHECKING = False
 
-log = logging.getLogger("mokka.nri")
+log = Logger("mokka.nri")
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 ENV_SOCKET = "NRI_PLUGIN_SOCKET"
