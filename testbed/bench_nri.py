@@ -69,6 +69,8 @@ class Figures:
     previous_cpu_ms: list[float] = field(default_factory=list)
     previous_rss_mib: float = 0.0
     start_ms: list[float] = field(default_factory=list)  # process spawned -> registered and synchronized
+    python_ms: list[float] = field(default_factory=list)  # `python -c pass`: the interpreter's own start
+    python_bare_ms: list[float] = field(default_factory=list)  # `python -S -c pass`: without site
     warm_ms: list[float] = field(default_factory=list)  # ... -> warmed up
     back_ms: dict[str, list[float]] = field(default_factory=dict)  # SIGKILL/SIGSTOP -> a replacement ready
     sync_containers: int = 0
@@ -266,6 +268,11 @@ def _one_version(
                     if proc is not None:
                         proc.stop()
 
+            for _ in range(10):  # the floor of any Python plugin's start, measured alongside
+                for flags, into in (([], fig.python_ms), (["-S"], fig.python_bare_ms)):
+                    t = time.monotonic()
+                    subprocess.run([sys.executable, *flags, "-c", "pass"], check=True)
+                    into.append((time.monotonic() - t) * 1000)
             proc = start_plugin()
             try:
                 if py_spy is not None:
@@ -498,6 +505,8 @@ def _report(
         row("  previous plugin RSS (MiB)", [f.previous_rss_mib for f in results], "{:.1f}")
     row("start -> registered (ms), median", [_median(f.start_ms) for f in results], "{:.1f}", TARGETS["start_ms"])
     row("start -> registered (ms), max", [max(f.start_ms, default=float("nan")) for f in results], "{:.1f}")
+    row("  python -c pass (ms), median: interpreter and site", [_median(f.python_ms) for f in results], "{:.1f}")
+    row("  python -S -c pass (ms), median: without site", [_median(f.python_bare_ms) for f in results], "{:.1f}")
     row("start -> warmed up (ms), median", [_median(f.warm_ms) for f in results], "{:.1f}")
     for sig in ("SIGKILL", "SIGSTOP"):
         row(
