@@ -34,11 +34,19 @@ def parser() -> argparse.ArgumentParser:
         "restarts. A plugin config string from containerd (YAML: mode, excludeNamespaces, cdiDevices, "
         "allocator) overrides the options.",
     )
-    ap.add_argument("--socket", dest="socket_path", default=DEFAULT_SOCKET, help="containerd's NRI socket")
+    ap.add_argument(
+        "--socket",
+        dest="socket_path",
+        metavar="PATH",
+        default=DEFAULT_SOCKET,
+        help=f"containerd's NRI socket ({DEFAULT_SOCKET}); dialled unless started by containerd",
+    )
     ap.add_argument("--idx", default="10", help="plugin index: two digits, the order among NRI plugins (10)")
     ap.add_argument("--name", default="mokka", help="plugin name (mokka)")
-    ap.add_argument("--root", default="/var/lib/mokka", help="root staged by `mokka host setup` (reads node.json)")
-    ap.add_argument("--health-addr", help="serve /healthz and /readyz on HOST:PORT (e.g. :8080)")
+    ap.add_argument(
+        "--root", default="/var/lib/mokka", help="root staged by `mokka host setup` (/var/lib/mokka; reads node.json)"
+    )
+    ap.add_argument("--health-addr", metavar="HOST:PORT", help="serve /healthz and /readyz (e.g. :8080)")
     ap.add_argument(
         "--allocator",
         choices=("nri", "external"),
@@ -66,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
         help="hand GPUs over as CDI device references (containerd >= 2.1, with a spec from `mokka cdi generate`)",
     )
     ap.add_argument("--no-supervisor", action="store_true", help="run the plugin process alone")
-    ap.add_argument("--log-file", help="append the log to this file instead of stderr")
+    ap.add_argument("--log-file", metavar="PATH", help="append the log to this file instead of stderr")
     ap.add_argument(
         "--print-systemd-unit",
         action="store_true",
