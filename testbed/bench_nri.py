@@ -146,7 +146,7 @@ def run(
     py_spy: Path | None = None,
     seed: int | None = None,
 ) -> list[Figures]:
-    _compile_bytecode()
+    _compile_bytecode(Path(__file__).resolve().parent.parent, *([Path(previous)] if previous else []))
     load_before = os.getloadavg()
     results = []
     for version in versions:
@@ -169,15 +169,16 @@ def run(
     return results
 
 
-def _compile_bytecode() -> None:
+def _compile_bytecode(*checkouts: Path) -> None:
     """Compile the plugin's modules as installing the package does: with PYTHONDONTWRITEBYTECODE
     set (as in some shells here) a checkout's modules would be compiled again by every plugin
     process that starts, which an installed plugin never pays."""
     import compileall
 
-    here = Path(__file__).resolve().parent.parent
-    for package in ("nri_mokka", "gpumodel"):
-        compileall.compile_dir(str(here / package), quiet=1)
+    for checkout in checkouts:
+        for package in ("nri_mokka", "gpumodel", "mokka"):
+            if (checkout / package).is_dir():
+                compileall.compile_dir(str(checkout / package), quiet=1)
 
 
 def _one_version(
@@ -254,7 +255,8 @@ def _one_version(
                     elif name == "previous plugin":
                         assert previous is not None
                         checkout = Path(previous)
-                        python = str(checkout / ".venv" / "bin" / "python")
+                        venv = checkout / ".venv" / "bin" / "python"
+                        python = str(venv) if venv.exists() else sys.executable  # its packages first: cwd
                         command = [python, "-m", "mokka.cli", "nri-plugin"]
                         proc = PluginProcess(box.nri_socket, root, plugin_log, command=command, cwd=checkout)
                         proc.wait_registered()

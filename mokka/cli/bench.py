@@ -59,7 +59,7 @@ def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int)
     "--previous",
     type=click.Path(file_okay=False, exists=True),
     default=None,
-    help="Also time an earlier implementation: `mokka nri-plugin` of this checkout (with its .venv).",
+    help="Also time an earlier implementation: `mokka nri-plugin` of this checkout (with its .venv, else this one's).",
 )
 @click.option(
     "--py-spy",
