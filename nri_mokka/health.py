@@ -64,12 +64,16 @@ class Health:
             "warm": self.plugin.warm,
             "decisions": stub.decisions,
         }
-        if recent := sorted(stub.recent_handling()):
+        if times := stub.recent_handling():
+            recent = sorted(times)
+            first = stub.decisions - len(times)  # the number of the oldest one kept
+            slowest = sorted(range(len(times)), key=times.__getitem__)[-5:]
             body["handling_ms"] = {
                 "median": round(recent[len(recent) // 2] * 1000, 3),
                 "p99": round(recent[min(len(recent) - 1, int(len(recent) * 0.99))] * 1000, 3),
                 "max": round(recent[-1] * 1000, 3),
                 "samples": len(recent),
+                "slowest": [[first + i + 1, round(times[i] * 1000, 3)] for i in reversed(slowest)],  # [n, ms]
             }
         if path == "/healthz":
             return 200, body

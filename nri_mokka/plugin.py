@@ -54,6 +54,7 @@ class MokkaPlugin:
         self.layout_gpus = 0
         self.warm = False
         self._read: Callable[[bytes], CreateRequest] | None = None  # request.CreateRequest, once warm
+        self._note: tuple[CreateRequest, str] | None = None  # the last decision, to be logged
         self._layout_file = f"{self.root}/node.json"  # a plain string: stat() on it per call is cheap
         self._stamp: tuple[int, int] | None = None
 
@@ -94,13 +95,20 @@ class MokkaPlugin:
             self._load_layout()
         req = self._read(payload)
         if self.answers is None:
-            log.info("%s/%s/%s: untouched (no node layout)", req.namespace, req.pod_name, req.container_name())
+            self._note = (req, "untouched (no node layout)")
             return b""
         answer = self.answers.get(req.key())
-        log.info("%s/%s/%s: %s", req.namespace, req.pod_name, req.container_name(), answer.text)
+        self._note = (req, answer.text)
         if answer.error:
             raise PluginError(answer.error)
         return answer.reply
+
+    def replied(self) -> None:
+        """The decision's log line, written once containerd has its answer."""
+        if self._note is not None:
+            req, text = self._note
+            self._note = None
+            log.info("%s/%s/%s: %s", req.namespace, req.pod_name, req.container_name(), text)
 
     # -- configuration and layout --
 

@@ -255,3 +255,22 @@ def test_log_lines(capfd: pytest.CaptureFixture[str]) -> None:
     assert lines[0][:4].isdigit() and lines[0][19] == "," and lines[0][20:23].isdigit()
     assert lines[1].endswith("DEBUG mokka.test: shown now")
     assert lines[2].endswith("ERROR mokka.test: failed 1") and "KeyError: 'boom'" in lines[-1]
+
+
+def test_one_log_line_per_decision_after_the_answer(root: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    p = plugin.MokkaPlugin(root)
+    p.warm_up()
+    capfd.readouterr()
+    create(p, pod(), container())
+    assert capfd.readouterr().err == ""  # nothing while containerd waits for the answer
+    p.replied()
+    p.replied()  # nothing twice
+    lines = capfd.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        "INFO mokka.plugin: default/trainer/main: GPUs 0,1,2,3,4,5,6,7 (all GPUs of the node): 12 device nodes, "
+        + lines[0].split("12 device nodes, ", 1)[1]
+    )
+    with pytest.raises(PluginError):
+        create(p, pod(annotations={"mokka.io/gpus": "12"}), container())
+    p.replied()
+    assert "default/trainer/main: refused: mokka.io/gpus names GPU '12'" in capfd.readouterr().err

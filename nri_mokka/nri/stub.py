@@ -115,6 +115,9 @@ if TYPE_CHECKING:
             """Load what answering needs; called once registered, when the loop is idle."""
             ...
 
+        # Optional: ``replied()``, called after each CreateContainer answer has been sent: the
+        # place for what containerd need not wait for (the plugin's log line).
+
 
 def event_mask(events: list[int] | tuple[int, ...]) -> int:
     """Return NRI's subscription mask: bit ``1 << (event - 1)`` for each event."""
@@ -316,6 +319,7 @@ class Stub:
         if not isinstance(events, int) or events <= 0:
             raise ValueError(f"{type(plugin).__name__} subscribes to no NRI event (and mask 0 would mean all)")
         self.events = events
+        self._replied: Callable[[], None] | None = getattr(plugin, "replied", None)
         self.loop = loop or poll_loop.Loop()
         self.reconnect = reconnect
         self.on_ready = on_ready
@@ -453,6 +457,8 @@ class Stub:
             conn.answer(sid, ttrpc.Code.OK, payload=reply)
         self.handling[self.decisions % HANDLING_SAMPLES] = time.perf_counter() - started
         self.decisions += 1
+        if self._replied is not None:
+            self._replied()
 
     def other_call(self, conn: _Connection, sid: int, method: str, payload: bytes, started: float) -> None:
         if method == "Configure":
