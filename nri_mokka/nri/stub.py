@@ -218,6 +218,7 @@ class _Connection:
                     self.serve(msg)
                     if self.closed:
                         return
+                    self.message_started = time.perf_counter()  # for a next message in the same piece
             elif conn_id == RUNTIME_SERVICE_CONN:
                 for msg in self.replies.feed(payload):
                     self.reply(msg)
@@ -268,7 +269,9 @@ class _Connection:
         if request.service != PLUGIN_SERVICE:
             self.answer(sid, ttrpc.Code.UNIMPLEMENTED, f"service {request.service}")
         elif method == "CreateContainer":
-            self.stub.create_container(self, sid, request.payload, self.message_started)
+            # timed from here: the message is whole (its pieces may have come apart, as the
+            # runtime wrote them), so what is timed is the plugin's own handling
+            self.stub.create_container(self, sid, request.payload, time.perf_counter())
         elif method not in PLUGIN_METHODS:
             self.answer(sid, ttrpc.Code.UNIMPLEMENTED, f"method {method}")
         else:
