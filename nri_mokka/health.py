@@ -58,6 +58,7 @@ class Health:
             "registered_at": stub.registered_at,
             "ready_at": stub.ready_at,
             "sync_ms": round(stub.sync_seconds * 1000, 3),
+            "sync_receive_ms": round(stub.sync_receive_seconds * 1000, 3),
             "sync_bytes": stub.sync_bytes,
             "layout": self.plugin.answers is not None,
             "gpus": self.plugin.layout_gpus,

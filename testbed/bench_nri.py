@@ -74,7 +74,8 @@ class Figures:
     warm_ms: list[float] = field(default_factory=list)  # ... -> warmed up
     back_ms: dict[str, list[float]] = field(default_factory=dict)  # SIGKILL/SIGSTOP -> a replacement ready
     sync_containers: int = 0
-    sync_ms: list[float] = field(default_factory=list)  # plugin side: first byte -> answer
+    sync_ms: list[float] = field(default_factory=list)  # plugin side: whole request -> answered
+    sync_receive_ms: list[float] = field(default_factory=list)  # first byte -> whole request
     sync_wait_ms: list[float] = field(default_factory=list)  # registered -> synchronized (mostly containerd)
     sync_start_ms: list[float] = field(default_factory=list)  # fresh process -> ready, with those containers
     sync_bytes: int = 0
@@ -218,15 +219,17 @@ def _one_version(
             box.import_image(sandbox.oci_archive(rootfs, tmp / "img.tar", sandbox.WORKLOAD_IMAGE))
             pod = box.run_pod("bench")
 
-            def create(**kw: object) -> float:
+            opted_out = box.run_pod("bench-opted-out", annotations={"mokka.io/inject": "false"})
+
+            def create(in_pod: str = pod, **kw: object) -> float:
                 t = time.perf_counter()
-                cid = box.create_container(pod, sandbox.WORKLOAD_IMAGE, ["sleep", "1"], **kw)  # type: ignore[arg-type]
+                cid = box.create_container(in_pod, sandbox.WORKLOAD_IMAGE, ["sleep", "1"], **kw)  # type: ignore[arg-type]
                 took = time.perf_counter() - t
                 box.remove_container(cid)
                 return took
 
-            def start_plugin() -> PluginProcess:
-                proc = PluginProcess(box.nri_socket, root, plugin_log)
+            def start_plugin(*args: str) -> PluginProcess:
+                proc = PluginProcess(box.nri_socket, root, plugin_log, args=args)
                 body = proc.wait_ready_after(0)
                 fig.start_ms.append((float(body["ready_at"]) - proc.spawned_at) * 1000)  # type: ignore[arg-type]
                 while not proc.status()[1].get("warm"):
@@ -235,33 +238,42 @@ def _one_version(
                 _settle(proc.pid)  # the supervisor warms its own copy up once the plugin registered
                 return proc
 
-            sides: list[tuple[str, Callable[[], float]]] = [
-                ("no plugin", create),
-                ("CDI edits, no plugin", lambda: create(cdi_devices=["nvidia.com/gpu=all"])),
-                ("plugin", create),
+            def start_previous() -> PluginProcess:
+                assert previous is not None
+                checkout = Path(previous)
+                venv = checkout / ".venv" / "bin" / "python"
+                python = str(venv) if venv.exists() else sys.executable  # its packages first: cwd
+                command = [python, "-m", "mokka.cli", "nri-plugin"]
+                proc = PluginProcess(box.nri_socket, root, plugin_log, command=command, cwd=checkout)
+                proc.wait_registered()
+                time.sleep(0.5)  # its warm-up
+                return proc
+
+            # (name, how to create, plugin arguments: None for no plugin)
+            sides: list[tuple[str, Callable[[], float], tuple[str, ...] | None]] = [
+                ("no plugin", create, None),
+                ("CDI edits, no plugin", lambda: create(cdi_devices=["nvidia.com/gpu=all"]), None),
+                ("plugin", create, ()),
+                ("plugin, opted-out pod", lambda: create(opted_out), ()),
             ]
+            if version != "1.7":  # NRI >= 0.7 takes CDI device references
+                sides.append(("plugin --cdi-devices", create, ("--cdi-devices",)))
             if previous:
-                sides.append(("previous plugin", create))
+                sides.append(("previous plugin", create, ("previous",)))
             create()  # the first create of a pod pays extra: not measured
+            create(opted_out)
             for r in range(rounds):
                 order = sides[r % len(sides) :] + sides[: r % len(sides)]
                 print(f"{version} round {r + 1}/{rounds}: {per_round} creates per side", flush=True)
-                for name, do in order:
+                for name, do, args in order:
                     proc = None
-                    if name == "plugin":
-                        proc = start_plugin()
+                    if args == ("previous",):
+                        proc = start_previous()
+                        cpu0 = _cpu_seconds(proc.pid)
+                    elif args is not None:
+                        proc = start_plugin(*args)
                         child = proc.plugin_pid()
                         cpu0, sup0 = _cpu_seconds(child), _cpu_seconds(proc.pid)
-                    elif name == "previous plugin":
-                        assert previous is not None
-                        checkout = Path(previous)
-                        venv = checkout / ".venv" / "bin" / "python"
-                        python = str(venv) if venv.exists() else sys.executable  # its packages first: cwd
-                        command = [python, "-m", "mokka.cli", "nri-plugin"]
-                        proc = PluginProcess(box.nri_socket, root, plugin_log, command=command, cwd=checkout)
-                        proc.wait_registered()
-                        time.sleep(0.5)  # its warm-up
-                        cpu0 = _cpu_seconds(proc.pid)
                     times = [do() for _ in range(per_round)]
                     fig.creates.setdefault(name, []).extend(times)
                     fig.round_medians.setdefault(name, []).append(_median(times))
@@ -276,7 +288,7 @@ def _one_version(
                         if isinstance(handling, dict):
                             fig.handling_median_ms.append(float(handling["median"]))
                             fig.handling_p99_ms.append(float(handling["p99"]))
-                    elif proc is not None:
+                    elif proc is not None and name == "previous plugin":
                         fig.previous_cpu_ms.append((_cpu_seconds(proc.pid) - cpu0) / per_round * 1000)
                         fig.previous_rss_mib = max(fig.previous_rss_mib, _memory_mib(proc.pid)[0])
                     if proc is not None:
@@ -312,6 +324,7 @@ def _one_version(
             if sync_containers:
                 _synchronize(box, fig, root, plugin_log, sync_containers)
             box.remove_pod(pod)
+            box.remove_pod(opted_out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return fig
@@ -336,6 +349,7 @@ def _synchronize(box: sandbox.Sandbox, fig: Figures, root: Path, log: IO[bytes],
                     proc.signal_plugin(signal.SIGKILL)
                     body = proc.wait_ready_after(moment)
                 fig.sync_ms.append(float(body["sync_ms"]))  # type: ignore[arg-type]
+                fig.sync_receive_ms.append(float(body["sync_receive_ms"]))  # type: ignore[arg-type]
                 registered, ready = float(body["registered_at"]), float(body["ready_at"])  # type: ignore[arg-type]
                 fig.sync_wait_ms.append((ready - registered) * 1000)
         finally:
@@ -477,7 +491,8 @@ def _report(
     def med(f: Figures, side: str) -> float:
         return _median(f.creates.get(side, [])) * ms
 
-    for side in ("no plugin", "CDI edits, no plugin", "plugin", *(["previous plugin"] if previous else [])):
+    sides = ["no plugin", "CDI edits, no plugin", "plugin", "plugin, opted-out pod", "plugin --cdi-devices"]
+    for side in [*sides, *(["previous plugin"] if previous else [])]:
         row(f"CreateContainer median, {side} (ms)", [med(f, side) for f in results])
     row(
         "  added by the plugin, median (ms)",
@@ -485,9 +500,18 @@ def _report(
         target=TARGETS["added_ms"],
     )
     row(
-        "  ... of which the plugin's own (plugin - CDI edits)",
+        "  plugin - CDI edits: NRI's way of applying the same",
         [med(f, "plugin") - med(f, "CDI edits, no plugin") for f in results],
     )
+    row(
+        "  opted-out pod - no plugin: the round trip alone",
+        [med(f, "plugin, opted-out pod") - med(f, "no plugin") for f in results],
+    )
+    if previous:
+        row(
+            "  added by the previous plugin, median (ms)",
+            [med(f, "previous plugin") - med(f, "no plugin") for f in results],
+        )
     print("  per round, plugin - no plugin (ms):")
     for f in results:
         diffs = [
@@ -532,12 +556,17 @@ def _report(
     if any(f.sync_containers for f in results):
         n = max(f.sync_containers for f in results)
         row(
-            f"Synchronize with {n} containers, plugin (ms), max",
+            f"Synchronize with {n} containers, answering (ms), max",
             [max(f.sync_ms, default=float("nan")) for f in results],
             "{:.2f}",
             TARGETS["sync_ms"],
         )
         row("  its size (KiB)", [f.sync_bytes / 1024 for f in results], "{:.0f}")
+        row(
+            "  first byte -> whole request (ms), median",
+            [_median(f.sync_receive_ms) for f in results],
+            "{:.1f}",
+        )
         row(
             "  registered -> synchronized (ms), median (containerd)",
             [_median(f.sync_wait_ms) for f in results],

@@ -57,7 +57,7 @@ def test_bench_nri() -> None:
         "start -> registered",
         "SIGKILL -> replacement registered",
         "SIGSTOP -> replacement registered",
-        "Synchronize with 3 containers, plugin",
+        "Synchronize with 3 containers, answering",
         "re-register after containerd restart",
         "failed creates",
         "not injected",

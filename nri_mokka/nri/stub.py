@@ -275,7 +275,7 @@ class _Connection:
         elif method not in PLUGIN_METHODS:
             self.answer(sid, ttrpc.Code.UNIMPLEMENTED, f"method {method}")
         else:
-            self.stub.other_call(self, sid, method, request.payload, self.message_started)
+            self.stub.other_call(self, sid, method, request.payload, self.message_started, time.perf_counter())
 
 
 class Stub:
@@ -334,7 +334,8 @@ class Stub:
         self.started_at = time.monotonic()
         self.registered_at = 0.0  # time.monotonic() of the last registration
         self.ready_at = 0.0  # ... and when it was complete (configured, synchronized where asked)
-        self.sync_seconds = 0.0  # handling of the last Synchronize, from its first byte to the reply
+        self.sync_seconds = 0.0  # handling of the last Synchronize: whole request -> answered
+        self.sync_receive_seconds = 0.0  # ... and its arrival: first byte -> whole
         self.sync_bytes = 0
         self.decisions = 0
         self.handling = array("d", bytes(8 * HANDLING_SAMPLES))  # seconds per CreateContainer (ring)
@@ -463,7 +464,10 @@ class Stub:
         if self._replied is not None:
             self._replied()
 
-    def other_call(self, conn: _Connection, sid: int, method: str, payload: bytes, started: float) -> None:
+    def other_call(
+        self, conn: _Connection, sid: int, method: str, payload: bytes, first_byte: float, whole: float
+    ) -> None:
+        """``first_byte``, ``whole``: when the request began to arrive, and when it was complete."""
         if method == "Configure":
             config = name = version = ""
             for number, kind, a, b in wire.fields(payload):
@@ -493,11 +497,18 @@ class Stub:
         elif method == "Synchronize":
             # Nothing in it matters to Mokka: answered without decoding, whatever its size.
             conn.answer(sid, ttrpc.Code.OK)
-            self.sync_seconds = time.perf_counter() - started
+            self.sync_seconds = time.perf_counter() - whole
+            self.sync_receive_seconds = whole - first_byte
             self.sync_bytes = len(payload)
             self.synchronized = True
             self._ready()
-            log.info("%s: synchronized (%d bytes, %.2f ms)", self.full_name, self.sync_bytes, self.sync_seconds * 1000)
+            log.info(
+                "%s: synchronized (%d bytes: %.2f ms to arrive, %.2f ms to answer)",
+                self.full_name,
+                self.sync_bytes,
+                self.sync_receive_seconds * 1000,
+                self.sync_seconds * 1000,
+            )
         elif method == "Shutdown":
             log.info("%s: runtime is shutting down", self.full_name)
             conn.answer(sid, ttrpc.Code.OK)
