@@ -4,14 +4,16 @@ A node sees few distinct decisions (one per GPU set, per namespace rule), and en
 ContainerAdjustment (betterproto) costs far more than looking one up. ``Answers.get`` keys
 on what a decision and its rendering depend on (``request.Key``), asks ``decision.decide``
 on a miss, renders the edits as NRI's ContainerAdjustment (the CDI generator renders the
-same edits) and keeps the encoded bytes. A new node layout or configuration starts afresh.
+same edits) and keeps the encoded bytes. A new node layout, MIG layout or configuration
+starts afresh.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from gpumodel.edits import ContainerEdits
+from gpumodel.mig_devices import GpuMig
 from gpumodel.nodelayout import NodeLayout
 from nri_mokka import decision, request
 from nri_mokka.nri._pb.nri.pkg.api import v1alpha1 as api
@@ -74,14 +76,21 @@ def runtime_takes_cdi(runtime_name: str, runtime_version: str) -> bool:
 
 
 class Answers:
-    """Decisions for one node layout and configuration, encoded once per distinct input."""
+    """Decisions for one node layout, MIG layout and configuration, encoded once per distinct input."""
 
-    def __init__(self, layout: NodeLayout, config: decision.Config, runtime_cdi: bool) -> None:
+    def __init__(
+        self, layout: NodeLayout, config: decision.Config, runtime_cdi: bool, mig: Sequence[GpuMig] = ()
+    ) -> None:
         self.layout = layout
         self.config = config
         self.runtime_cdi = runtime_cdi
+        self.mig = mig
         self._cache: dict[request.Key, Answer] = {}
         self._encoded: dict[tuple[object, ...], bytes] = {}  # one encoding per distinct adjustment
+
+    def for_mig(self, mig: Sequence[GpuMig]) -> Answers:
+        """The same, for another MIG layout (an empty cache)."""
+        return Answers(self.layout, self.config, self.runtime_cdi, mig)
 
     def get(self, key: request.Key) -> Answer:
         hit = self._cache.get(key)
@@ -93,7 +102,7 @@ class Answers:
         return hit
 
     def _decide(self, key: request.Key) -> Answer:
-        d = decision.decide(request.container(key), self.layout, self.config)
+        d = decision.decide(request.container(key), self.layout, self.config, self.mig)
         if d.error:
             return Answer(b"", d.describe(), f"mokka: {d.error}")
         if d.edits is None:

@@ -26,9 +26,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from gpumodel.mig_devices import GpuMig
     from nri_mokka import decision
     from nri_mokka.answers import Answers
+    from nri_mokka.mig_view import MigView
     from nri_mokka.request import CreateRequest
+    from nri_mokka.state_seq import StateSeq
 
 log = Logger("mokka.plugin")
 
@@ -52,6 +55,9 @@ class MokkaPlugin:
         self.config: decision.Config | None = None
         self.answers: Answers | None = None  # None while no usable layout is staged
         self.layout_gpus = 0
+        self.mig: MigView | None = None  # the MIG layout through NVML, where the node has MIG-capable GPUs
+        self._seq: StateSeq | None = None  # ... read again when the state's counter moved
+        self._seen_seq = 0
         self.warm = False
         self._read: Callable[[bytes], CreateRequest] | None = None  # request.CreateRequest, once warm
         self._note: tuple[CreateRequest, str] | None = None  # the last decision, to be logged
@@ -94,6 +100,12 @@ class MokkaPlugin:
         if self._layout_stamp() != self._stamp:
             self._load_layout()
         req = self._read(payload)
+        if self._seq is not None and self.answers is not None and self._seq.read() != self._seen_seq:
+            # the state changed since the MIG layout was read (MIG reconfigured, or a metric)
+            self._seen_seq = self._seq.read()  # read before the layout: a change meanwhile shows next time
+            mig = self._mig_now()
+            if mig != self.answers.mig:  # reconfigured: answers start afresh
+                self.answers = self.answers.for_mig(mig)
         if self.answers is None:
             self._note = (req, "untouched (no node layout)")
             return b""
@@ -130,6 +142,18 @@ class MokkaPlugin:
         self.config = config
         self._load_layout()
 
+    def _mig_now(self) -> list[GpuMig]:
+        """The node's MIG layout now, as NVML shows it (nothing on a node without MIG)."""
+        if self.mig is None:
+            return []
+        from nri_mokka.mig_view import MigViewError
+
+        try:
+            return self.mig.current()
+        except MigViewError as exc:
+            log.error("MIG layout unreadable: %s", exc)
+            return []
+
     def _layout_stamp(self) -> tuple[int, int] | None:
         try:
             st = os.stat(self._layout_file)
@@ -158,7 +182,25 @@ class MokkaPlugin:
                 self.root,
             )
             return
-        self.answers = Answers(layout, self.config, runtime_takes_cdi(*self.runtime))
+        if self.mig is not None:
+            self.mig.close()
+        if self._seq is not None:
+            self._seq.close()
+        self.mig = self._seq = None
+        if layout.caps_major is not None:  # MIG-capable GPUs: their MIG layout is live state
+            from pathlib import Path
+
+            from nri_mokka.mig_view import MigView, MigViewError
+            from nri_mokka.state_seq import StateSeq
+
+            try:
+                self._seq = StateSeq(layout.state)
+                self._seen_seq = self._seq.read()
+                self.mig = MigView(Path(layout.library), Path(layout.state))
+            except (MigViewError, OSError, ValueError) as exc:  # MIG devices cannot be named; GPUs still can
+                log.error("MIG layout unavailable: %s", exc)
+                self.mig = self._seq = None
+        self.answers = Answers(layout, self.config, runtime_takes_cdi(*self.runtime), self._mig_now())
         self.layout_gpus = len(layout.gpus)
         log.info(
             "node layout %s: profile %s, %d GPUs; allocator %s",

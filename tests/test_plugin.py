@@ -274,3 +274,57 @@ def test_one_log_line_per_decision_after_the_answer(root: Path, capfd: pytest.Ca
         create(p, pod(annotations={"mokka.io/gpus": "12"}), container())
     p.replied()
     assert "default/trainer/main: refused: mokka.io/gpus names GPU '12'" in capfd.readouterr().err
+
+
+def test_state_counter_offsets_are_the_c_headers() -> None:
+    """state_seq reads the latch counter by hand (the plugin loads no cffi): its offsets and magic
+    numbers must be native/mokka_state.h's."""
+    from gpumodel import state
+    from nri_mokka import state_seq
+
+    ffi = state.ffi()
+    assert ffi.offsetof("mokka_header_t", "seq") == state_seq.SEQ_OFFSET
+    assert ffi.sizeof("uint32_t") == state_seq.SEQ.size
+    assert state.const("MOKKA_STATE_MAGIC") == state_seq.STATE_MAGIC
+    assert state.const("MOKKA_TRAILER_MAGIC") == state_seq.TRAILER_MAGIC
+    assert ffi.sizeof("mokka_trailer_t") == state_seq.TRAILER.size
+    assert [ffi.offsetof("mokka_trailer_t", f) for f in ("state_offset", "state_size", "magic")] == [0, 8, 16]
+
+
+def test_the_plugin_follows_a_mig_reconfiguration(tmp_path: Path) -> None:
+    """A MIG device destroyed through NVML (as nvidia-smi does) is no longer handed out by the next
+    decision: the plugin reads the layout again once the state's counter moved."""
+    import subprocess
+    import sys
+
+    from mig_fixtures import mig_profile_data, write_profile
+    from test_mig_containers import LAYOUT
+
+    from nri_mokka import state_seq
+
+    data = mig_profile_data("h100", 2, {1: {"mig": {"mode": False, "instances": []}}}, mode=True, instances=LAYOUT)
+    r = tmp_path / "root"
+    node.apply(node.plan(profile.load(write_profile(tmp_path / "p.yaml", data)), node.Options(root=r, majors="real")))
+    layout = nodelayout.NodeLayout.load(r)
+    from gpumodel import mig_state
+
+    gone = mig_state.read(Path(layout.state))[0].devices[2]
+    p = plugin.MokkaPlugin(r)
+    adj = create(p, pod(annotations={"mokka.io/gpus": gone.uuid}), container())
+    assert adj is not None and ("NVIDIA_VISIBLE_DEVICES", gone.uuid) in {(e.key, e.value) for e in adj.env}
+    seq = state_seq.StateSeq(layout.state)
+    before = seq.read()
+    destroy = (
+        "import pynvml as N\nN.nvmlInit()\nh = N.nvmlDeviceGetHandleByIndex(0)\n"
+        "m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, 2)\n"
+        "gi = N.nvmlDeviceGetGpuInstanceById(h, N.nvmlDeviceGetGpuInstanceId(m))\n"
+        "ci = N.nvmlGpuInstanceGetComputeInstanceById(gi, N.nvmlDeviceGetComputeInstanceId(m))\n"
+        "N.nvmlComputeInstanceDestroy(ci)\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": layout.libdir, "MOKKA_IGNORE_DEVICE_NODES": "1"}
+    subprocess.run([sys.executable, "-c", destroy], env=env, check=True, capture_output=True, text=True)
+    assert seq.read() != before
+    assert gone not in mig_state.read(Path(layout.state))[0].devices
+    with pytest.raises(PluginError, match=gone.uuid):
+        create(p, pod(annotations={"mokka.io/gpus": gone.uuid}), container())
+    seq.close()
