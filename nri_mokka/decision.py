@@ -264,7 +264,10 @@ def _decide_external(c: Container, layout: NodeLayout, config: Config, mig: Sequ
         present = set(c.device_paths)
         nodes = tuple(n for n in edits.device_nodes if n.path not in present)
         edits = ContainerEdits(env=edits.env, device_nodes=nodes, mounts=edits.mounts)
-        if VISIBLE_DEVICES in c.env:
+        if c.env.get(VISIBLE_DEVICES, "").strip() not in ("", "void", "none"):
+            # it names the GPUs (a device plugin's variable beside its device specs): it stays.
+            # "void" is how a CDI spec (NVIDIA's nvcdi) keeps the legacy hook out: the device
+            # nodes are the allocation, and the library is told which GPUs they are.
             edits = _keep_env(edits, VISIBLE_DEVICES)
         return Decision("allocated /dev/nvidia* devices", existing, edits)
 

@@ -192,6 +192,9 @@ def test_external_device_specs_get_the_rest(layout: nodelayout.NodeLayout) -> No
     assert d.edits.env_dict()["NVIDIA_VISIBLE_DEVICES"] == layout.gpus[4].uuid
     d = decide(ctr(device_paths=["/dev/nvidia4"], env={"NVIDIA_VISIBLE_DEVICES": "4"}), layout, EXTERNAL)
     assert d.edits is not None and "NVIDIA_VISIBLE_DEVICES" not in d.edits.env_dict()
+    # a CDI spec's "void" (NVIDIA's nvcdi keeps the legacy hook out so): the nodes are the allocation
+    d = decide(ctr(device_paths=["/dev/nvidia4"], env={"NVIDIA_VISIBLE_DEVICES": "void"}), layout, EXTERNAL)
+    assert d.edits is not None and d.edits.env_dict()["NVIDIA_VISIBLE_DEVICES"] == layout.gpus[4].uuid
     assert decide(ctr(device_paths=["/dev/nvidia12"]), layout, EXTERNAL).error
 
 
