@@ -13,7 +13,9 @@ def bench() -> None:
 
 
 @bench.command("nvml")
-@click.option("--profile", "profile_name", default="h100", show_default=True)
+@click.option(
+    "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
+)
 @GPUS_OPTION
 @click.option(
     "--nvidia-smi",
@@ -32,7 +34,14 @@ def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int)
 
 
 @bench.command("nri")
-@click.option("--containerd", "version", type=click.Choice(["1.7", "2.1"]), default="2.1", show_default=True)
+@click.option(
+    "--containerd",
+    "version",
+    type=click.Choice(["1.7", "2.1"]),
+    default="2.1",
+    show_default=True,
+    help="Debian's containerd to run.",
+)
 @click.option("--rounds", default=3, show_default=True, help="Interleaved rounds (with / without the plugin).")
 @click.option("--creates", default=100, show_default=True, help="CreateContainer calls per round and side.")
 @click.option("--restarts", default=10, show_default=True, help="containerd restarts to time re-registration.")
@@ -44,8 +53,10 @@ def bench_nri(version: str, rounds: int, creates: int, restarts: int) -> None:
 
 
 @bench.command("host-setup")
-@click.option("--profile", "profile_name", default="h100", show_default=True)
-@click.option("--rounds", default=5, show_default=True)
+@click.option(
+    "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
+)
+@click.option("--rounds", default=5, show_default=True, help="Setups per GPU count (the median is shown).")
 def bench_host_setup(profile_name: str, rounds: int) -> None:
     """`mokka host setup` wall time for 8 and 64 GPUs (fresh root each round, then cleanup)."""
     from testbed import bench as benchmarks

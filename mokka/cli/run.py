@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .root import GPUS_OPTION, MAX_GPUS, fail, load_profile, main
+from .root import GPUS_OPTION, MAX_GPUS, fail, host_port, load_profile, main
 
 
 @main.command("exec", context_settings={"ignore_unknown_options": True})
@@ -59,8 +59,12 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
 
 
 @main.command("demo")
-@click.option("--profile", "profile_name", default="h100", show_default=True)
-@click.option("--gpus", type=click.IntRange(1, MAX_GPUS), default=8, show_default=True)
+@click.option(
+    "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
+)
+@click.option(
+    "--gpus", type=click.IntRange(1, MAX_GPUS), default=None, help="GPU count (default: the profile's gpu_count)."
+)
 @click.option(
     "--containerd",
     "version",
@@ -70,13 +74,14 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
 )
 @click.option("--keep", is_flag=True, help="Leave containerd, the plugin and the pod running.")
 @click.option("--stop", "stop_", is_flag=True, help="Tear down a demo left by --keep (or by a killed run).")
-def demo_cmd(profile_name: str, gpus: int, version: str | None, keep: bool, stop_: bool) -> None:
+def demo_cmd(profile_name: str, gpus: int | None, version: str | None, keep: bool, stop_: bool) -> None:
     """An unmodified container runs nvidia-smi and sees mock GPUs — no GPU, Kubernetes or Docker.
 
-    Fetches what is missing (containerd, runc, nvidia-smi from Debian; crictl from the Go
-    module proxy) into ~/.cache/mokka, stages a mock node, starts a private containerd with
-    NRI and the Mokka plugin, creates a pod through CRI and prints the container's
-    nvidia-smi. Everything is torn down afterwards (also on Ctrl-C) unless --keep. Needs root.
+    Fetches what is missing (containerd, runc, nvidia-smi and busybox from Debian) into the
+    cache (~/.cache/mokka, or $MOKKA_CACHE), stages a mock node with the profile's GPUs, starts
+    a private containerd with NRI and the Mokka plugin, creates a pod through CRI and prints
+    the container's nvidia-smi. Everything is torn down afterwards (also on Ctrl-C) unless
+    --keep. Needs root.
     """
     import logging
 
@@ -84,7 +89,10 @@ def demo_cmd(profile_name: str, gpus: int, version: str | None, keep: bool, stop
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if stop_:
-        left = demo.stop()
+        try:
+            left = demo.stop()
+        except demo.DemoError as exc:
+            fail(str(exc))
         if left:
             fail("could not remove: " + "; ".join(left))
         click.echo("demo stopped; nothing left behind")
@@ -99,6 +107,12 @@ def demo_cmd(profile_name: str, gpus: int, version: str | None, keep: bool, stop
     sys.exit(code)
 
 
+def _two_digits(value: str) -> str:
+    if len(value) != 2 or not value.isdigit():
+        raise click.BadParameter(f"{value!r} is not two digits (e.g. 10)")
+    return value
+
+
 @main.command("nri-plugin")
 @click.option(
     "--socket",
@@ -107,8 +121,14 @@ def demo_cmd(profile_name: str, gpus: int, version: str | None, keep: bool, stop
     show_default=True,
     help="containerd's NRI socket (ignored when started by containerd: it passes the socket as fd 3).",
 )
-@click.option("--idx", default="10", show_default=True, help="Plugin index: two digits, ordering among plugins.")
-@click.option("--name", default="mokka", show_default=True)
+@click.option(
+    "--idx",
+    default="10",
+    show_default=True,
+    callback=lambda _ctx, _param, value: _two_digits(value),
+    help="Plugin index: two digits, ordering among plugins.",
+)
+@click.option("--name", default="mokka", show_default=True, help="Plugin name registered with containerd.")
 @click.option(
     "--root",
     type=click.Path(file_okay=False, path_type=Path),
@@ -116,7 +136,13 @@ def demo_cmd(profile_name: str, gpus: int, version: str | None, keep: bool, stop
     show_default=True,
     help="Root staged by `mokka host setup` (read: node.json).",
 )
-@click.option("--health-addr", default=None, help="Serve /healthz and /readyz on HOST:PORT (e.g. :8080).")
+@click.option(
+    "--health-addr",
+    metavar="HOST:PORT",
+    callback=host_port,
+    default=None,
+    help="Serve /healthz and /readyz on HOST:PORT (e.g. :8080).",
+)
 @click.option(
     "--mode",
     type=click.Choice(["all", "opt-in"]),
@@ -125,7 +151,14 @@ def demo_cmd(profile_name: str, gpus: int, version: str | None, keep: bool, stop
     help="all: every container except opted-out pods and excluded namespaces; opt-in: only pods "
     "annotated mokka.io/inject=true.",
 )
-@click.option("--exclude-namespace", "exclude", multiple=True, default=["kube-system"], show_default=True)
+@click.option(
+    "--exclude-namespace",
+    "exclude",
+    multiple=True,
+    default=["kube-system"],
+    show_default=True,
+    help="Namespace whose pods never get GPUs from the plugin (repeatable).",
+)
 @click.option(
     "--cdi-devices",
     is_flag=True,
