@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpumodel import profile
-from testbed import demo, sandbox
+from testbed import cleanup, demo
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 BASE = demo.DEFAULT_BASE
@@ -29,7 +29,7 @@ def _root_and_clean() -> None:
 
 def assert_nothing_left() -> None:
     assert not BASE.exists()
-    assert sandbox.leftovers(BASE / "sb") == []
+    assert cleanup.leftovers(BASE / "sb") == []
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(BASE) not in mounts
     live = []
@@ -105,10 +105,35 @@ def test_refuses_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_keep_then_stop() -> None:
-    proc = mokka("--containerd", "2.1", "--gpus", "2", "--keep")
-    _, err = proc.communicate(timeout=300)
+    """--keep leaves it running; --stop as another user refuses and changes nothing; as root it removes all.
+    The GPU count defaults to the profile's: a100 has one."""
+    proc = mokka("--containerd", "2.1", "--profile", "a100", "--keep")
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
+    assert len([ln for ln in out.splitlines() if "NVIDIA A100" in ln]) == 1, out
+    assert "1x NVIDIA A100" in err
     assert "kept running" in err and (BASE / "sb" / "containerd.sock").exists()
+    before = sorted(str(p) for p in BASE.rglob("*"))
+    nobody = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-m",
+            "mokka.cli",
+            "demo",
+            "--stop",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert nobody.returncode == 1, nobody.stderr
+    assert nobody.stderr.startswith("mokka: error: ") and "needs root" in nobody.stderr
+    assert len(nobody.stderr.splitlines()) == 1 and "Traceback" not in nobody.stderr
+    assert sorted(str(p) for p in BASE.rglob("*")) == before
     stop = subprocess.run(
         [sys.executable, "-m", "mokka.cli", "demo", "--stop"], capture_output=True, text=True, timeout=120
     )

@@ -22,7 +22,7 @@ import pytest
 from test_e2e_cdi import PROBE, PROFILE, device_nodes, sections
 
 from gpumodel import nodelayout, profile
-from testbed import sandbox
+from testbed import cleanup, images, sandbox
 from testbed.plugin_process import PluginProcess
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
@@ -49,14 +49,14 @@ def node_with_plugin(
             yield box, plugin
         finally:
             plugin.stop()
-    assert sandbox.leftovers(base) == []
+    assert cleanup.leftovers(base) == []
 
 
 def run_probe(
     box: sandbox.Sandbox, pod_annotations: dict[str, str] | None = None, env: dict[str, str] | None = None
 ) -> str:
     pod = box.run_pod(f"p{time.monotonic_ns() % 10**8}", annotations=pod_annotations or {})
-    result = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", PROBE], env=env or {})
+    result = box.run_container(pod, images.WORKLOAD_IMAGE, ["sh", "-c", PROBE], env=env or {})
     box.remove_pod(pod)
     return result.logs
 
@@ -96,9 +96,7 @@ def test_opted_out_pod_sees_nothing(node_with_plugin: tuple[sandbox.Sandbox, Plu
 def test_plugin_returns_after_containerd_restart(node_with_plugin: tuple[sandbox.Sandbox, PluginProcess]) -> None:
     box, plugin = node_with_plugin
     box.restart()
-    plugin.wait_registered(registrations=2)
-    took = time.monotonic() - box.started_at
-    assert took < 5
+    plugin.wait_registered(registrations=2)  # how fast: `mokka bench nri` (tests never time anything)
     assert len(smi_lines(run_probe(box))) == 8
 
 
@@ -107,7 +105,7 @@ def test_stopped_plugin_does_not_block_containers(node_with_plugin: tuple[sandbo
     os.kill(plugin.proc.pid, signal.SIGSTOP)
     try:
         pod = box.run_pod("stopped-plugin")
-        result = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", "echo started"])
+        result = box.run_container(pod, images.WORKLOAD_IMAGE, ["sh", "-c", "echo started"])
         assert result.exit_code == 0 and "started" in result.logs
         box.remove_pod(pod)
     finally:
@@ -140,7 +138,7 @@ def test_pre_launched_by_containerd(
             time.sleep(0.05)
         assert len(smi_lines(run_probe(box))) == 8
         assert "pre-connected socket fd 3" in (base / "plugin.log").read_text()
-    assert sandbox.leftovers(base) == []
+    assert cleanup.leftovers(base) == []
 
 
 def test_cdi_device_references_on_containerd_2_1(
@@ -173,4 +171,4 @@ def test_cdi_device_references_on_containerd_2_1(
     nodes = device_nodes(sections(out)["dev"])
     assert {"nvidia1", "nvidia3", "nvidiactl"} <= set(nodes) and "nvidia0" not in nodes
     assert "LD_PRELOAD=/usr/lib/mokka/libmokka-sysfs.so" in sections(out)["env"]  # from the spec's edits
-    assert sandbox.leftovers(base) == []
+    assert cleanup.leftovers(base) == []
