@@ -20,7 +20,7 @@ from typing import Any
 from . import debcache, versions
 from .command import SandboxError, run
 
-__all__ = ["PATH_ENV", "PAUSE_IMAGE", "WORKLOAD_IMAGE", "busybox", "make_rootfs", "oci_archive"]
+__all__ = ["PATH_ENV", "PAUSE_IMAGE", "WORKLOAD_IMAGE", "busybox", "make_rootfs", "names", "oci_archive"]
 
 PAUSE_IMAGE = "localhost/mokka/pause:1"
 WORKLOAD_IMAGE = "localhost/mokka/workload:1"
@@ -160,3 +160,17 @@ def oci_archive(
             info.mode = 0o644
             tar.addfile(info, io.BytesIO(data))
     return out
+
+
+def names(archive: Path) -> list[str]:
+    """The image names an OCI archive carries (``io.containerd.image.name`` of its manifests)."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("index.json")
+        if member is None:
+            raise SandboxError(f"{archive}: no index.json")
+        index = json.load(member)
+    return [
+        name
+        for manifest in index.get("manifests", [])
+        if (name := manifest.get("annotations", {}).get("io.containerd.image.name"))
+    ]

@@ -8,9 +8,8 @@ BASE, removes the cgroups and BASE itself; :func:`testbed.cleanup.leftovers` lis
 survived.
 
 CRI calls go through :class:`testbed.cri.client.CriClient` (gRPC on containerd's socket);
-images are imported with containerd's own ``ctr``. The configuration is
-:class:`testbed.sandbox_config.SandboxConfig`'s; the facts behind it are in the project's
-design notes on running a private containerd.
+images are imported with containerd's own ``ctr``. The configuration, and what this kind of
+host requires of it, is :mod:`testbed.sandbox_config`'s.
 """
 
 from __future__ import annotations
@@ -327,8 +326,16 @@ class Sandbox:
         return run([self.bindir / "ctr", "-a", self.address, "-n", NAMESPACE, *args], timeout=timeout, check=check)
 
     def import_image(self, tarball: Path) -> None:
+        """``ctr images import`` an OCI archive; return once CRI lists its images (containerd 2.x
+        learns of an import asynchronously, and CreateContainer could otherwise miss it)."""
         log.info("importing %s", tarball.name)
         self.ctr("images", "import", str(tarball.absolute()))
+        names = images.names(tarball)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not set(names) <= set(self.images()):
+            if time.monotonic() > deadline:
+                raise SandboxError(f"CRI does not list {', '.join(names)} {START_TIMEOUT:g}s after the import")
+            time.sleep(0.02)
 
     def images(self) -> list[str]:
         """The tags of every image CRI lists."""
@@ -423,10 +430,13 @@ class Sandbox:
             time.sleep(0.02)
 
     def logs(self, cid: str) -> str:
-        """The container's stdout and stderr, from the log file CRI wrote (as kubelet reads them)."""
+        """The container's stdout, then its stderr, from the log file CRI wrote (as kubelet reads them).
+
+        The two streams reach the file through separate pipes: their relative order is not
+        the order the container wrote them in, so they are not interleaved here."""
         from .cri import logfile
 
-        return logfile.read(self._logs[cid])
+        return logfile.read(self._logs[cid], ("stdout",)) + logfile.read(self._logs[cid], ("stderr",))
 
     def remove_container(self, cid: str) -> None:
         """StopContainer (SIGKILL at once when still running), then RemoveContainer."""

@@ -74,7 +74,7 @@ def test_a_socket_that_is_not_grpc(tmp_path: Path) -> None:
     with socket.socket(socket.AF_UNIX) as server:
         server.bind(str(path))
         server.listen()
-        with CriClient(path, timeout=2) as client, pytest.raises(CriError) as exc:
+        with CriClient(path, timeout=0.5) as client, pytest.raises(CriError) as exc:
             client.list_images()
         assert "ListImages" in str(exc.value)
 

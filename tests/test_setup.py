@@ -188,3 +188,10 @@ def test_ci_scripts() -> None:
     assert ".ci/setup --tests" in run and ".venv/bin/python -m pytest" in run and "</dev/null" in run
     bad = subprocess.run([str(scripts[0]), "--bogus"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("setup: error: unknown argument --bogus")
+
+
+def test_readme_commands_are_what_ci_runs() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert ".ci/setup --tests && .venv/bin/python -m pytest" in readme
+    assert ".ci/setup && .venv/bin/mokka demo" in readme
+    assert "MOKKA_CACHE" in readme and "crictl" not in readme
