@@ -600,6 +600,8 @@ def load_text(text: str, source: str) -> Profile:
         where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise ProfileError(f"{source}:{where} not valid YAML: {problem}") from None
+    if data is None:
+        raise ProfileError(f"{source}: empty (a profile is a YAML mapping: name, gpu, ...)")
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: a profile must be a YAML mapping, got {type(data).__name__}")
     try:
@@ -619,6 +621,8 @@ def load(name_or_path: str | Path) -> Profile:
         raise ProfileError(
             f"{text_name}: no such profile file, and not a built-in profile ({', '.join(builtin_names())})"
         )
+    if not path.is_file():
+        raise ProfileError(f"{path}: not a regular file")
     try:
         raw = path.read_bytes()
     except OSError as exc:

@@ -62,6 +62,8 @@ def one_error_line(res: subprocess.CompletedProcess[str], *needles: str) -> str:
         (("profile", "show"), "Missing argument"),
         (("no-such-command",), "No such command"),
         (("driver-root", "--profile", "h100"), "--out"),
+        (("bench", "host-setup", "--rounds", "0"), "0 is not in the range x>=1"),
+        (("bench", "nri", "--restarts", "0"), "0 is not in the range x>=1"),
     ],
 )
 def test_usage_errors_are_one_line(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:

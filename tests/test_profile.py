@@ -194,6 +194,7 @@ def test_bad_values_are_one_line_errors_and_change_nothing(
         (b"\x7fELF\x02\x01\x01\x00\xff\xfe\x00\x00", r"not a UTF-8 text file \(byte 0xff at offset 8\)"),
         (b"name: x\x00\x01\x02", r"not a text file \(character #x00 at offset 7\)"),
         ("name: \u00e9\u00e9\n".encode("latin-1"), r"not a UTF-8 text file \(byte 0xe9 at offset 6\)"),
+        (b"", r"empty \(a profile is a YAML mapping: name, gpu, \.\.\.\)"),
     ],
 )
 def test_binary_and_non_utf8_files(tmp_path: Path, content: bytes, message: str) -> None:
@@ -224,3 +225,8 @@ def test_validate_reports_every_file(tmp_path: Path) -> None:
     assert res.returncode == 1
     assert f"{good}: ok (8x NVIDIA H100 80GB HBM3)" in res.stdout
     assert res.stderr.count("mokka: error: ") == 1 and str(bad) in res.stderr
+
+
+def test_a_device_is_not_read_as_a_profile() -> None:
+    res = mokka("profile", "show", "/dev/zero")  # would never end
+    assert res.returncode == 1 and res.stderr == "mokka: error: /dev/zero: not a regular file\n"

@@ -24,7 +24,7 @@ def bench() -> None:
     default=None,
     help="nvidia-smi binary to time (default: search the cache and PATH).",
 )
-@click.option("--calls", default=1_000_000, show_default=True, help="Calls per getter.")
+@click.option("--calls", type=click.IntRange(min=1), default=1_000_000, show_default=True, help="Calls per getter.")
 def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int) -> None:
     """The mock library: ns per call, nvmlInit time, nvidia-smi wall time and RSS, size."""
     from testbed import bench as benchmarks
@@ -42,9 +42,27 @@ def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int)
     show_default=True,
     help="Debian's containerd to run.",
 )
-@click.option("--rounds", default=3, show_default=True, help="Interleaved rounds (with / without the plugin).")
-@click.option("--creates", default=100, show_default=True, help="CreateContainer calls per round and side.")
-@click.option("--restarts", default=10, show_default=True, help="containerd restarts to time re-registration.")
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Interleaved rounds (with / without the plugin).",
+)
+@click.option(
+    "--creates",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="CreateContainer calls per round and side.",
+)
+@click.option(
+    "--restarts",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="containerd restarts to time re-registration.",
+)
 def bench_nri(version: str, rounds: int, creates: int, restarts: int) -> None:
     """The NRI plugin on a private containerd (root): CreateContainer cost, CPU, RSS, re-registration."""
     from testbed import bench as benchmarks
@@ -56,7 +74,13 @@ def bench_nri(version: str, rounds: int, creates: int, restarts: int) -> None:
 @click.option(
     "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
 )
-@click.option("--rounds", default=5, show_default=True, help="Setups per GPU count (the median is shown).")
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Setups per GPU count (the median is shown).",
+)
 def bench_host_setup(profile_name: str, rounds: int) -> None:
     """`mokka host setup` wall time for 8 and 64 GPUs (fresh root each round, then cleanup)."""
     from testbed import bench as benchmarks
