@@ -49,6 +49,9 @@ def mokka(*args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C reaches it even when this suite runs where SIGINT is ignored (a background job
+        # of a non-interactive shell): Python installs its handler only where SIGINT is not.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 

@@ -86,6 +86,7 @@ def demo_cmd(profile_name: str, gpus: int | None, version: str | None, keep: boo
     import logging
 
     from testbed import demo
+    from testbed.command import SandboxError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if stop_:
@@ -101,6 +102,8 @@ def demo_cmd(profile_name: str, gpus: int | None, version: str | None, keep: boo
         code = demo.run(demo.Options(profile=profile_name, gpus=gpus, containerd=version, keep=keep))
     except demo.DemoError as exc:
         fail(str(exc))
+    except SandboxError as exc:  # containerd failed us midway
+        fail(f"{exc}\neverything the demo started was torn down")
     except KeyboardInterrupt:
         click.echo("\ninterrupted: everything the demo started was torn down", err=True)
         sys.exit(130)
