@@ -51,7 +51,7 @@ def _unpacked(suite: str, package: str, member: str | Path) -> Callable[[Path], 
     return done
 
 
-def _debs(*packages: versions.DebianPackage) -> Item:
+def _debs(why: str, *packages: versions.DebianPackage) -> Item:
     def done(cache: Path) -> bool:
         return all(debcache.cached(p.suite, p.package, cache) for p in packages)
 
@@ -59,7 +59,7 @@ def _debs(*packages: versions.DebianPackage) -> Item:
         return ", ".join(debcache.fetch(p.suite, [p.package], cache)[p.package].name for p in packages)
 
     names = ", ".join(f"{p.package} ({p.suite})" for p in packages)
-    return Item(f"Debian {names}", "the official protos the NRI wire-format tests compare against", done, make, True)
+    return Item(f"Debian {names}", why, done, make, True)
 
 
 def _bindings_done(cache: Path) -> bool:
@@ -130,7 +130,14 @@ ITEMS: tuple[Item, ...] = (
         cdi_schema.fetch_schema,
         tests=True,
     ),
-    _debs(*versions.NRI_API, versions.TTRPC_API),
+    _debs("the official protos the NRI wire-format tests compare against", *versions.NRI_API, versions.TTRPC_API),
+    _debs(
+        "the Go fallback for machines without Go >= 1.24 (unpacked only when used), and its test",
+        *(
+            versions.DebianPackage(versions.GO_DEBIAN.suite, f"{versions.GO_DEBIAN.package}-{part}")
+            for part in ("go", "src")
+        ),
+    ),
     Item(
         "Go toolchain",
         "for the Go builds below (PATH's go when new enough, else Debian's)",
