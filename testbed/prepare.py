@@ -67,11 +67,11 @@ def _bindings_done(cache: Path) -> bool:
     return debcache.cached(spec.suite, spec.package, cache) is not None and bindings.ready(cache)
 
 
-def _go(spec: GoBuild, why: str) -> Item:
+def _go(spec: GoBuild) -> Item:
     source = f"tests/{spec.source.name}" if spec.source else f"{spec.module}@{spec.version}"
     return Item(
         f"{spec.name} (Go, {source})",
-        why,
+        spec.why,
         lambda cache: gotool.cached(spec, cache) is not None,
         lambda cache: gotool.build(spec, cache),
         tests=True,
@@ -98,6 +98,7 @@ def _containerd(version: str) -> Item:
     )
 
 
+# What the tests take from Go; each is built by `prepare --tests`, older builds are pruned.
 GO_BUILDS = (versions.HELM, versions.GO_NVML_PROBE)
 
 ITEMS: tuple[Item, ...] = (
@@ -145,8 +146,7 @@ ITEMS: tuple[Item, ...] = (
         gotool.find,
         tests=True,
     ),
-    _go(versions.HELM, "the chart tests' helm lint / template"),
-    _go(versions.GO_NVML_PROBE, "a go-nvml program (as the device plugin and GFD bind NVML) against the mock"),
+    *(_go(spec) for spec in GO_BUILDS),
 )
 
 

@@ -5,8 +5,8 @@ Debian packages come from a named suite through :mod:`testbed.debcache` (cached 
 proxy at a pinned module version and cached by it. ``python -m testbed.prepare`` fetches and
 builds all of it once (``--tests`` adds what only the tests need).
 
-Adding a Go program the tests need is one :class:`GoBuild` here and one line in
-:data:`testbed.prepare.ITEMS`; a test then gets its path from ``testbed.prepare.binary(NAME)``.
+Adding a Go program the tests need is one :class:`GoBuild` here and its name in
+:data:`testbed.prepare.GO_BUILDS`; a test then gets its path from ``testbed.prepare.go_binary(SPEC)``.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class GoBuild:
     ldflags: tuple[str, ...] = ()
     cgo: bool = False
     env: tuple[tuple[str, str], ...] = field(default=())
+    why: str = ""  # what it is for, shown by testbed.prepare
 
     @property
     def binaries(self) -> tuple[str, ...]:
@@ -104,6 +105,7 @@ HELM = GoBuild(
     module="helm.sh/helm/v3",
     version=HELM_VERSION,
     commands=("helm.sh/helm/v3/cmd/helm",),
+    why="the chart tests' helm lint / template",
     # What helm's release build stamps in: its version and the Kubernetes version it renders for.
     ldflags=(
         f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
@@ -123,4 +125,5 @@ GO_NVML_PROBE = GoBuild(
     source=REPO / "tests" / "go-nvml",
     cgo=True,
     env=(("CGO_CFLAGS", "-O2 -Wno-deprecated-declarations"),),
+    why="a go-nvml program (as the device plugin and GFD bind NVML) against the mock",
 )
