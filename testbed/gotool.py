@@ -40,6 +40,7 @@ __all__ = [
     "drop_debian_toolchain",
     "existing",
     "find",
+    "install",
     "output_dir",
     "prune",
 ]
@@ -119,11 +120,13 @@ def _remove(path: Path) -> None:
 
 
 def prune(keep: list[GoBuild], cache: Path | None = None) -> list[str]:
-    """Remove built programs other than ``keep``'s (older versions) and the Go caches an older
-    layout of this cache kept (``gopath/``, ``gobuild/``); the names removed."""
+    """Remove other builds of ``keep``'s programs (older versions or flags), crictl (no longer
+    used) and the Go caches an older layout of this cache kept (``gopath/``, ``gobuild/``);
+    the names removed. Other programs' builds stay."""
     cache = cache or debcache.default_cache()
     wanted = {output_dir(spec, cache) for spec in keep}
-    stale = [d for d in sorted((cache / "gobin").glob("*")) if d.is_dir() and not d.name.startswith(".")]
+    names = (*(f"{spec.name}-" for spec in keep), "crictl-")
+    stale = [d for d in sorted((cache / "gobin").glob("*")) if d.is_dir() and d.name.startswith(names)]
     stale = [d for d in stale if d not in wanted] + [d for d in (cache / "gopath", cache / "gobuild") if d.exists()]
     for path in stale:
         _remove(path)
@@ -187,9 +190,10 @@ def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
         else:
             src.mkdir(parents=True)
             minimum = ".".join(map(str, versions.GO_MINIMUM))
-            (src / "go.mod").write_text(
-                f"module mokka.local/build/{spec.name}\n\ngo {minimum}\n\nrequire {spec.module} {spec.version}\n"
-            )
+            require = f"\nrequire {spec.module} {spec.version}\n" if spec.module else ""
+            (src / "go.mod").write_text(f"module mokka.local/build/{spec.name}\n\ngo {minimum}\n{require}")
+            if not spec.module:  # let Go find the module that holds the commands
+                _go(go, ["get", *(f"{c}@{spec.version}" for c in spec.commands)], src, env)
             imports = "".join(f'\t_ "{c}"\n' for c in spec.commands)
             (src / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports})\n")
             t0 = time.monotonic()
@@ -206,6 +210,17 @@ def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)  # GOPATH, module cache (-modcacherw), build cache
+
+
+def install(command_at_version: str, cache: Path | None = None) -> Path:
+    """The binary of ``MODULE/CMD@VERSION`` (pinned: no ``@latest``), built once like any
+    :class:`~testbed.versions.GoBuild`; for scripts (``kind/bootstrap.sh``) that need a tool
+    the tests do not."""
+    command, sep, version = command_at_version.partition("@")
+    if not sep or not command or not version or version in ("latest", "upgrade", "patch"):
+        raise BuildError(f"{command_at_version!r}: pin a version (MODULE/CMD@vX.Y.Z)")
+    name = versions.command_name(command)
+    return build(GoBuild(name=name, version=version, commands=(command,)), cache) / name
 
 
 def _environment(spec: GoBuild, work: Path) -> dict[str, str]:

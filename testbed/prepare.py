@@ -78,13 +78,14 @@ def _go(spec: GoBuild) -> Item:
     )
 
 
-def _smi(version: str) -> Item:
+def _smi(version: str, why: str, *, tests: bool = False) -> Item:
     suite = versions.NVIDIA_SMI_SUITES[version]
     return Item(
         f"nvidia-smi {version} (Debian {suite})",
-        "the real nvidia-smi the demo's container runs" if version == "550" else "the tests run 535 too",
+        why,
         _unpacked(suite, "nvidia-smi", nvidia_smi.BINARY),
         lambda cache: nvidia_smi.fetch(version, cache),
+        tests=tests,
     )
 
 
@@ -102,8 +103,8 @@ def _containerd(version: str) -> Item:
 GO_BUILDS = (versions.HELM, versions.GO_NVML_PROBE)
 
 ITEMS: tuple[Item, ...] = (
-    _smi("550"),
-    _smi("535"),
+    _smi("550", "the real nvidia-smi the demo's container runs"),
+    _smi("535", "the tests run 535 too"),
     _containerd("2.1"),
     _containerd("1.7"),
     Item(
@@ -124,6 +125,7 @@ ITEMS: tuple[Item, ...] = (
         _bindings_done,
         lambda cache: bindings.load(cache).__name__,
     ),
+    _smi("555", "the tests and the fidelity scores run 555 too", tests=True),
     Item(
         f"CDI schema (Debian {versions.CDI_SPEC.suite})",
         "`mokka cdi generate` validates against it; the CDI tests",

@@ -29,6 +29,7 @@ __all__ = [
     "TTRPC_API",
     "DebianPackage",
     "GoBuild",
+    "command_name",
 ]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,7 +68,16 @@ class GoBuild:
     def binaries(self) -> tuple[str, ...]:
         if self.source is not None:
             return (self.name,)
-        return tuple(c.rstrip("/").rsplit("/", 1)[-1] for c in self.commands)
+        return tuple(command_name(c) for c in self.commands)
+
+
+def command_name(package: str) -> str:
+    """The binary ``go build`` names after a main package: its last element, a major-version
+    suffix (``…/kind/v2``) skipped."""
+    parts = package.rstrip("/").split("/")
+    if len(parts) > 1 and parts[-1][:1] == "v" and parts[-1][1:].isdigit():
+        return parts[-2]
+    return parts[-1]
 
 
 # ---- Debian ------------------------------------------------------------------------------

@@ -93,12 +93,27 @@ def test_local_go_build_is_keyed_by_its_source(tmp_path: Path) -> None:
 def test_prune_keeps_current_builds_and_drops_old_ones(tmp_path: Path) -> None:
     current = gotool.output_dir(versions.HELM, tmp_path)
     old = tmp_path / "gobin" / "helm-v3.0.0-000000000000"
-    for d in (current, old, tmp_path / "gopath" / "pkg" / "mod" / "x", tmp_path / "gobuild"):
+    crictl = tmp_path / "gobin" / "crictl-v1.34.0"
+    other = tmp_path / "gobin" / "kind-v0.29.0-000000000000"  # a script's tool, not the tests'
+    for d in (current, old, crictl, other, tmp_path / "gopath" / "pkg" / "mod" / "x", tmp_path / "gobuild"):
         d.mkdir(parents=True)
     (tmp_path / "gopath" / "pkg" / "mod" / "x").chmod(0o555)  # Go's module cache is read-only
     removed = gotool.prune([versions.HELM], tmp_path)
-    assert sorted(removed) == ["gobin/helm-v3.0.0-000000000000", "gobuild", "gopath"]
-    assert current.is_dir() and not old.exists() and not (tmp_path / "gopath").exists()
+    assert sorted(removed) == ["gobin/crictl-v1.34.0", "gobin/helm-v3.0.0-000000000000", "gobuild", "gopath"]
+    assert current.is_dir() and other.is_dir() and not old.exists() and not (tmp_path / "gopath").exists()
+
+
+@pytest.mark.parametrize(
+    ("package", "binary"),
+    [("helm.sh/helm/v3/cmd/helm", "helm"), ("sigs.k8s.io/kind", "kind"), ("example.com/tool/v2", "tool")],
+)
+def test_command_names(package: str, binary: str) -> None:
+    assert versions.command_name(package) == binary
+
+
+def test_install_wants_a_pinned_version() -> None:
+    with pytest.raises(gotool.BuildError, match="pin a version"):
+        gotool.install("sigs.k8s.io/kind@latest")
 
 
 @pytest.mark.slow
