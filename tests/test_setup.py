@@ -117,20 +117,26 @@ def test_install_wants_a_pinned_version() -> None:
 
 
 @pytest.mark.slow
-def test_debian_go_toolchain_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a Go on the machine, Debian trixie's golang is unpacked from the cache and works."""
+def test_debian_go_toolchain_fallback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without a Go on the machine, Debian trixie's golang is unpacked from its cached .debs and
+    works. Unpacked here into a scratch cache (280 MB) holding links to the real cache's .debs."""
+    spec = versions.GO_DEBIAN
+    debs = tmp_path / "debs" / spec.suite
+    debs.mkdir(parents=True)
+    for part in ("go", "src"):
+        deb = debcache.cached(spec.suite, f"{spec.package}-{part}")
+        if deb is None:
+            pytest.fail(f"{spec.package}-{part} is not in the cache: {prepare.HOW}")
+        (debs / deb.name).symlink_to(deb)
     monkeypatch.setattr(gotool, "candidates", lambda: [])
-    try:
-        go = gotool.find()
-        assert go == gotool.debian_toolchain()
-        env = {"PATH": MINIMAL_PATH, "HOME": os.environ.get("HOME", "/root"), "GOTOOLCHAIN": "local"}
-        res = subprocess.run([str(go), "version"], env=env, capture_output=True, text=True, check=True)
-        assert f"go{versions.GO_DEBIAN.upstream}" in res.stdout
-        std = subprocess.run([str(go), "list", "std"], env=env, capture_output=True, text=True, check=True)
-        assert "net/http" in std.stdout.split()
-    finally:
-        gotool.drop_debian_toolchain()
-    assert not gotool.debian_toolchain().exists()
+    go = gotool.find(tmp_path)
+    assert go == gotool.debian_toolchain(tmp_path)
+    env = {"PATH": MINIMAL_PATH, "HOME": os.environ.get("HOME", "/root"), "GOTOOLCHAIN": "local"}
+    res = subprocess.run([str(go), "version"], env=env, capture_output=True, text=True, check=True)
+    assert f"go{spec.upstream}" in res.stdout
+    std = subprocess.run([str(go), "list", "std"], env=env, capture_output=True, text=True, check=True)
+    assert "net/http" in std.stdout.split()
+    assert gotool.drop_debian_toolchain(tmp_path) and not go.exists()
 
 
 def test_unpacked_keeps_only_what_is_asked(tmp_path: Path) -> None:
