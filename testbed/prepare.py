@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cdi_schema, containerd_dist, debcache, gotool, images, nvidia_smi, versions
+from . import cdi_schema, containerd_dist, debcache, gotool, images, kubelet_api, nvidia_smi, versions
 from .cri import bindings
+from .kube import binaries as kube_binaries
 from .progress import Progress
 from .versions import GoBuild
 
@@ -149,6 +150,20 @@ ITEMS: tuple[Item, ...] = (
         tests=True,
     ),
     *(_go(spec) for spec in GO_BUILDS),
+    Item(
+        f"kubelet plugin API bindings (k8s.io/kubelet {kubelet_api.KUBELET_MODULE[1]} protos, Go module proxy)",
+        "`mokka dra-plugin` and its tests",
+        lambda cache: kubelet_api.current() and kubelet_api.module_dir(*kubelet_api.KUBELET_MODULE, cache) is not None,
+        lambda cache: kubelet_api.generate(cache=cache, force=True),
+        tests=True,
+    ),
+    Item(
+        "Kubernetes, NVIDIA's device plugin and GFD (Go), etcd and CNI plugins (Debian)",
+        "`mokka cluster` and the cluster tests (cold: about 11 CPU-minutes of Go builds)",
+        lambda cache: kube_binaries.cached(cache) is not None,
+        lambda cache: kube_binaries.ensure(cache).kubernetes,
+        tests=True,
+    ),
 )
 
 

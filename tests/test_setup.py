@@ -98,9 +98,12 @@ def test_prune_keeps_current_builds_and_drops_old_ones(tmp_path: Path) -> None:
     for d in (current, old, crictl, other, tmp_path / "gopath" / "pkg" / "mod" / "x", tmp_path / "gobuild"):
         d.mkdir(parents=True)
     (tmp_path / "gopath" / "pkg" / "mod" / "x").chmod(0o555)  # Go's module cache is read-only
+    (tmp_path / "gobuild" / "x").mkdir()
+    (tmp_path / "gobuild" / "x").chmod(0o555)
     removed = gotool.prune([versions.HELM], tmp_path)
-    assert sorted(removed) == ["gobin/crictl-v1.34.0", "gobin/helm-v3.0.0-000000000000", "gobuild", "gopath"]
-    assert current.is_dir() and other.is_dir() and not old.exists() and not (tmp_path / "gopath").exists()
+    assert sorted(removed) == ["gobin/crictl-v1.34.0", "gobin/helm-v3.0.0-000000000000", "gobuild"]
+    assert current.is_dir() and other.is_dir() and not old.exists() and not (tmp_path / "gobuild").exists()
+    assert (tmp_path / "gopath" / "pkg" / "mod" / "x").is_dir()  # downloaded modules stay
 
 
 @pytest.mark.parametrize(
