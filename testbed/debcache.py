@@ -4,9 +4,9 @@ Each suite gets its own apt state under ``<cache>/apt/<suite>/`` (``apt.conf`` u
 ``APT_CONFIG``, sources, lists, an empty dpkg status; apt's binary package cache is kept in
 memory only); downloaded ``.deb`` files land in ``<cache>/debs/<suite>/`` and are unpacked
 once under ``<cache>/extract/<deb name>/`` (:func:`unpacked`). Once every requested package
-is cached, no network is used, and :func:`trim` drops the package lists (a later fetch of
-another package updates them again). To inspect a suite by hand: ``APT_CONFIG=<cache>/apt/<suite>/apt.conf
-apt-cache policy PKG``.
+is cached, no network is used; :func:`trim` drops the package lists (a later fetch of another
+package updates them again) and empties the ``.deb`` files already unpacked. To inspect a
+suite by hand: ``APT_CONFIG=<cache>/apt/<suite>/apt.conf apt-cache policy PKG``.
 """
 
 from __future__ import annotations
@@ -248,6 +248,8 @@ def unpacked(deb: Path, member: Path, cache: Path | None = None, *, keep: Sequen
     dest = (cache or default_cache()) / "extract" / deb.stem
     if (dest / member).exists():
         return dest / member
+    if deb.stat().st_size == 0:  # emptied by trim(): this unpacking needs more than was kept
+        deb = _refetch(deb, cache or default_cache())
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -280,17 +282,37 @@ def _keep_only(root: Path, keep: list[Path]) -> None:
                 path.rmdir()
 
 
+def _refetch(deb: Path, cache: Path) -> Path:
+    """Download again a ``.deb`` that :func:`trim` emptied (its name gives package and version,
+    its directory the suite)."""
+    package, version = deb.name.split("_")[:2]
+    state = _Suite(cache, deb.parent.name)
+    with state.locked():
+        state.prepare()
+        if not state.fresh() or not state.has_lists():
+            state.update()
+        deb.unlink(missing_ok=True)
+        return _download(state, f"{package}={version.replace('%3a', ':')}")
+
+
 def trim(cache: Path | None = None) -> int:
-    """Drop every suite's package lists (and any binary cache an older version left): the
-    ``.deb`` files already fetched stay usable offline. Returns the bytes freed."""
+    """Drop every suite's package lists (and any binary cache an older version left), and empty
+    each ``.deb`` already unpacked under ``extract/`` (its name stays: :func:`fetch` still knows
+    it, and :func:`unpacked` downloads it again only to unpack more than it kept). Packages
+    never unpacked stay whole, usable offline. Returns the bytes freed."""
+    cache = cache or default_cache()
     freed = 0
-    for root in sorted(((cache or default_cache()) / "apt").glob("*/")):
-        suite = _Suite(cache or default_cache(), root.name)
+    for root in sorted((cache / "apt").glob("*/")):
+        suite = _Suite(cache, root.name)
         with suite.locked():
             for waste in (root / "lists", root / "cache"):
                 freed += sum(f.stat().st_size for f in waste.rglob("*") if f.is_file() and not f.is_symlink())
                 shutil.rmtree(waste, ignore_errors=True)
             suite.stamp.unlink(missing_ok=True)
+    for deb in sorted((cache / "debs").glob("*/*.deb")):
+        if not deb.is_symlink() and deb.stat().st_size and (cache / "extract" / deb.stem).is_dir():
+            freed += deb.stat().st_size
+            deb.write_bytes(b"")
     return freed
 
 

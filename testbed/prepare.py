@@ -5,8 +5,8 @@ nothing to do. Versions are pinned in :mod:`testbed.versions` and results cached
 the private cache (``$MOKKA_CACHE``, default ``~/.cache/mokka``). The demo's items come first
 (Debian's nvidia-smi, containerd, runc, busybox and the CRI bindings); ``--tests`` adds what
 only the tests need, Go builds included, so that no test ever compiles or downloads a program.
-At the end the package lists are dropped (the fetched ``.deb`` files stay), and Debian's Go
-toolchain too when one was unpacked for the builds.
+At the end the package lists are dropped, the ``.deb`` files already unpacked emptied (their
+names stay), and Debian's Go toolchain removed when one was unpacked for the builds.
 
 Tests ask for a Go program with :func:`go_binary`, which never builds: it names the command
 to run when the program is missing.
@@ -191,7 +191,7 @@ def prepare(*, tests: bool = False, cache: Path | None = None) -> None:
                 continue
             made = str(item.make(cache))
             note(made.removeprefix(f"{cache}/"))
-    with progress.step("cache clean-up: drop apt's package lists (the .debs stay)") as note:
+    with progress.step("cache clean-up: apt's package lists dropped, the .debs already unpacked emptied") as note:
         note(f"{debcache.trim(cache) / 2**20:.0f} MB freed")
         if tests:  # every Go build is done
             if gotool.drop_debian_toolchain(cache):

@@ -154,18 +154,46 @@ def test_unpacked_keeps_only_what_is_asked(tmp_path: Path) -> None:
     assert not (root / "usr/share").exists() and not (root / "usr/bin/link").is_symlink()
 
 
-def test_trim_drops_package_lists_and_cached_debs_stay_usable(tmp_path: Path) -> None:
-    deb = tmp_path / "debs" / "bookworm" / "hello_1.0-1_all.deb"
-    deb.parent.mkdir(parents=True)
-    deb.write_bytes(b"!<arch>\n")
+def _deb(tmp: Path, name: str, files: dict[str, str]) -> Path:
+    """A real .deb (dpkg-deb --build) holding ``files``."""
+    root = tmp / f"build-{name}"
+    (root / "DEBIAN").mkdir(parents=True, exist_ok=True)
+    (root / "DEBIAN" / "control").write_text(
+        f"Package: {name}\nVersion: 1.0-1\nArchitecture: all\nMaintainer: x <x@example.org>\nDescription: test\n"
+    )
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    out = tmp / "debs" / "bookworm" / f"{name}_1.0-1_all.deb"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(root), str(out)], check=True, capture_output=True)
+    return out
+
+
+def test_trim_drops_lists_and_empties_unpacked_debs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = {"usr/bin/tool": "tool", "usr/share/doc/hello/README": "doc"}
+    deb = _deb(tmp_path, "hello", files)
+    kept = _deb(tmp_path, "protos", {"usr/share/x.proto": "proto"})  # never unpacked: stays whole
     lists = tmp_path / "apt" / "bookworm" / "lists"
     lists.mkdir(parents=True)
     (lists / "deb.debian.org_debian_dists_bookworm_main_binary-amd64_Packages.lz4").write_bytes(b"x" * 1000)
-    assert debcache.trim(tmp_path) == 1000
-    assert not lists.exists()
-    # A cached package needs no lists and no network.
+    tool = debcache.unpacked(deb, Path("usr/bin/tool"), tmp_path, keep=[Path("usr/bin/tool")])
+    size = deb.stat().st_size
+    assert debcache.trim(tmp_path) == 1000 + size
+    assert not lists.exists() and deb.stat().st_size == 0 and kept.stat().st_size > 0
+    # What was unpacked stays usable offline: fetch knows the package, unpacked() finds the file.
     assert debcache.fetch("bookworm", ["hello"], tmp_path) == {"hello": deb}
-    assert debcache.cached("bookworm", "hello", tmp_path) == deb
+    assert debcache.unpacked(deb, Path("usr/bin/tool"), tmp_path) == tool and tool.read_text() == "tool"
+    # Unpacking more than was kept downloads the package again.
+    refetched: list[Path] = []
+
+    def refetch(emptied: Path, cache: Path) -> Path:
+        refetched.append(emptied)
+        return _deb(tmp_path, "hello", files)
+
+    monkeypatch.setattr(debcache, "_refetch", refetch)
+    doc = debcache.unpacked(deb, Path("usr/share/doc/hello/README"), tmp_path)
+    assert refetched == [deb] and doc.read_text() == "doc" and tool.read_text() == "tool"
 
 
 def test_apt_keeps_no_binary_package_cache(tmp_path: Path) -> None:
