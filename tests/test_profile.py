@@ -158,8 +158,8 @@ def _process(pid: int) -> Callable[[dict[str, Any]], None]:
 @pytest.mark.parametrize(
     ("name", "change", "message"),
     [
-        ("pid-huge.yaml", _process(2**40), r"gpus\.1: processes\.0\.pid: .*less than or equal to 2147483647"),
-        ("pid-zero.yaml", _process(0), r"gpus\.1: processes\.0\.pid: .*greater than or equal to 1"),
+        ("pid-huge.yaml", _process(2**40), r"gpus\.1\.processes\.0\.pid: .*less than or equal to 2147483647"),
+        ("pid-zero.yaml", _process(0), r"gpus\.1\.processes\.0\.pid: .*greater than or equal to 1"),
         (
             "used.yaml",
             lambda d: d["gpu"]["memory"].__setitem__("used_mib", 90000),
