@@ -4,9 +4,11 @@
  * mode is no CUDA device of its own: its MIG devices (compute instances) are, as far as this
  * process may use them (common/mig_view.c: NVIDIA_VISIBLE_DEVICES' MIG forms, capability nodes
  * in a container); in MIG mode with no compute instance it offers nothing. CUDA_VISIBLE_DEVICES
- * then picks among them in the order given: an ordinal names a GPU (all of its MIG devices if it
- * is in MIG mode), a GPU UUID or a prefix of one likewise, `MIG-<uuid>` and `MIG-GPU-<uuid>/<gi>/<ci>`
- * one MIG device; an entry that matches nothing ends the list.
+ * then picks among them in the order given: `MIG-<uuid>` and `MIG-GPU-<uuid>/<gi>/<ci>` one MIG
+ * device; an ordinal names a GPU, a GPU UUID or a prefix of one likewise, and of a GPU in MIG mode
+ * that means its MIG devices (inferred: no document says so; a GPU UUID of a MIG-mode A100 gave
+ * one CUDA device in github.com/XuehaiPan/nvitop/pull/8); an entry that matches nothing ends the
+ * list.
  *
  * What the driver then enumerates (NVIDIA MIG user guide, "CUDA Device Enumeration"):
  * - from R570: one compute instance per GPU instance (the first listed), at most 64 MIG devices
