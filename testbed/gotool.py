@@ -121,14 +121,14 @@ def _remove(path: Path) -> None:
 
 def prune(keep: list[GoBuild], cache: Path | None = None) -> list[str]:
     """Remove other builds of ``keep``'s programs (older versions or flags), crictl (no longer
-    used) and the Go build cache an older layout of this cache kept (``gobuild/``); the names
-    removed. Other programs' builds stay, and so does ``gopath/``: modules downloaded there
-    (the kubelet's protos) are read by tests."""
+    used) and the Go caches an older layout of this cache kept (``gobuild/``, ``gopath/``: the
+    modules whose files are read now live in ``gomod/``); the names removed. Other programs'
+    builds stay."""
     cache = cache or debcache.default_cache()
     wanted = {output_dir(spec, cache) for spec in keep}
     names = (*(f"{spec.name}-" for spec in keep), "crictl-")
     stale = [d for d in sorted((cache / "gobin").glob("*")) if d.is_dir() and d.name.startswith(names)]
-    stale = [d for d in stale if d not in wanted] + [d for d in (cache / "gobuild",) if d.exists()]
+    stale = [d for d in stale if d not in wanted] + [d for d in (cache / "gobuild", cache / "gopath") if d.exists()]
     for path in stale:
         _remove(path)
     return [str(p.relative_to(cache)) for p in stale]

@@ -101,9 +101,9 @@ def test_prune_keeps_current_builds_and_drops_old_ones(tmp_path: Path) -> None:
     (tmp_path / "gobuild" / "x").mkdir()
     (tmp_path / "gobuild" / "x").chmod(0o555)
     removed = gotool.prune([versions.HELM], tmp_path)
-    assert sorted(removed) == ["gobin/crictl-v1.34.0", "gobin/helm-v3.0.0-000000000000", "gobuild"]
-    assert current.is_dir() and other.is_dir() and not old.exists() and not (tmp_path / "gobuild").exists()
-    assert (tmp_path / "gopath" / "pkg" / "mod" / "x").is_dir()  # downloaded modules stay
+    assert sorted(removed) == ["gobin/crictl-v1.34.0", "gobin/helm-v3.0.0-000000000000", "gobuild", "gopath"]
+    assert current.is_dir() and other.is_dir() and not old.exists()
+    assert not (tmp_path / "gobuild").exists() and not (tmp_path / "gopath").exists()
 
 
 @pytest.mark.parametrize(
