@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from . import mig, mig_import
 from . import profile as profiles
 from .smi_xml import CaptureError, legacy_power, parse, read_bytes, text
 
@@ -460,7 +461,6 @@ def _spec(gpu: ET.Element, legacy: dict[str, str | None]) -> tuple[dict[str, Any
         "serial": text(gpu, "serial"),
         "uuid": text(gpu, "uuid"),
         "arch_inferred": arch_inferred,
-        "mig_devices": len(gpu.findall("mig_devices/mig_device")),
     }
     return s, unit, notes
 
@@ -617,11 +617,18 @@ def import_capture(
         raise ImportFailure(str(exc)) from None
     gpus = root.findall("gpu")
     specs, units, notes = [], [], []
+    mig_inferred: set[str] = set()
     for index, gpu in enumerate(gpus):
         spec, unit, gpu_notes = _spec(gpu, legacy.get(index, {}))
         specs.append(spec)
         units.append(unit)
         notes += [f"GPU {index}: {n}" for n in gpu_notes]
+        board = mig.board_for(spec.get("pci", {}).get("device_id", 0))
+        found = mig_import.layout(gpu, index, board, spec["name"])
+        if found.spec is not None:
+            spec["mig"] = found.spec
+        notes += found.notes
+        mig_inferred.update(found.inferred)
     csv_rows = query_csv(query) if query else []
     dumps = nvml_dump(nvml) if nvml else []
     texts = smi_text(smi_q) if smi_q else []
@@ -651,14 +658,14 @@ def import_capture(
             spec.setdefault("cuda_cores", None)
             spec.setdefault("nvlink", {"links": 0})
             spec.setdefault("memory", {}).setdefault("bus_width", None)
-    for key in ("serial", "uuid", "module_id", "lost"):
+    for key in ("serial", "uuid", "module_id", "lost", "mig"):
         base_spec.pop(key, None)
     full = []
     for spec in specs:
         taken: list[str] = []
         full.append(_merge_missing(spec, base_spec, "", taken))
         inferred = sorted(set(inferred) | set(taken))
-    inferred = sorted(set(inferred) | derived)
+    inferred = sorted(set(inferred) | derived | mig_inferred)
     gpu_dicts = []
     for i, f in enumerate(full):
         try:
@@ -667,8 +674,13 @@ def import_capture(
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
             raise ImportFailure(f"{capture}: GPU {i}: cannot model {where}: {err['msg']}") from None
+    for d in gpu_dicts:
+        _tidy_mig(d)
     shared = gpu_dicts[0]
     overrides = {i: d for i in range(1, len(gpu_dicts)) if (d := _diff(shared, gpu_dicts[i]))}
+    for i, d in overrides.items():
+        if "mig" in d:  # a layout is replaced whole, never merged into GPU 0's
+            d["mig"] = gpu_dicts[i].get("mig") and {"instances": [], **gpu_dicts[i]["mig"]}
     if keep_ids:
         for i, unit in enumerate(units):
             ids = {k: unit[k] for k in ("serial", "uuid") if unit[k]}
@@ -711,17 +723,24 @@ def import_capture(
     data["gpu"] = shared
     if overrides:
         data["gpus"] = overrides
-    migs = [u["mig_devices"] for u in units]
-    if any(migs):
-        notes.append(
-            f"MIG layout not imported ({sum(migs)} MIG devices in the capture): this Mokka has no MIG layout "
-            "in its profile schema yet; the GPUs keep MIG mode as captured"
-        )
     try:
         profiles.Profile.model_validate(data)
     except ValidationError as exc:
         raise ImportFailure(f"{capture}: {profiles._first_error(exc)}") from None
     return ImportResult(data=data, base=base.name, inferred=inferred, unknown=unknown, notes=notes)
+
+
+def _tidy_mig(gpu: dict[str, Any]) -> None:
+    """Drop the defaults a validated ``mig`` section dumps (None), so the YAML says only what the
+    capture showed."""
+    section = gpu.get("mig")
+    if not isinstance(section, dict):
+        return
+    gpu["mig"] = {k: v for k, v in section.items() if v is not None}
+    if "instances" in gpu["mig"]:
+        gpu["mig"]["instances"] = [{k: v for k, v in i.items() if v is not None} for i in gpu["mig"]["instances"]]
+    if not gpu["mig"].get("instances"):
+        gpu["mig"].pop("instances", None)
 
 
 def _has(spec: dict[str, Any], dotted: str) -> bool:

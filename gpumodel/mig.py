@@ -174,7 +174,8 @@ BOARDS: tuple[Board, ...] = (
         "A100-SXM4-80GB / A100 80GB PCIe",
         (0x20B2, 0x20B5),
         "nvidia-smi mig -lgip of an A100 80GB PCIe, driver 515.86.01, and GFD labels of the same "
-        "node; 1g.20gb inferred (named by the user guide, numbers as A100-40GB's 1g.10gb)",
+        "node; 1g.20gb named by the user guide, its MiB, SMs and engines as four 1g.20gb MIG devices "
+        "of an A100-SXM4-80GB on 535.54.03 show them (tests/captures/public/qx-a100-sxm4-80gb-mig.xml)",
         ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
         [
             (9728, 14, 1, 0, 0, 0, 0),

@@ -26,6 +26,7 @@ MAX_GRAPHICS_CLOCKS = 512  # MOKKA_MAX_GFX_CLOCKS in native/mokka_state.h (a tes
 DEFAULT_DRIVER = "550.163.01"
 DEFAULT_CUDA = "12.4"
 MIB = 1024 * 1024
+MAX_PID = 2**31 - 1  # pid_t is a signed 32-bit integer
 
 
 class ProfileError(Exception):
@@ -152,6 +153,16 @@ class Memory(Strict):
     bar1_total_mib: int = Field(gt=0)
     bar1_used_mib: int = Field(1, ge=0)
     bus_width: int | None = Field(None, description="bits; None = not supported")
+
+    @model_validator(mode="after")
+    def _fits(self) -> Memory:
+        if self.used_mib + self.reserved_mib > self.total_mib:
+            raise ValueError(
+                f"used_mib ({self.used_mib}) + reserved_mib ({self.reserved_mib:g}) exceed total_mib ({self.total_mib})"
+            )
+        if self.bar1_used_mib > self.bar1_total_mib:
+            raise ValueError(f"bar1_used_mib ({self.bar1_used_mib}) exceeds bar1_total_mib ({self.bar1_total_mib})")
+        return self
 
 
 class PowerLimits(Strict):
@@ -296,9 +307,9 @@ class Fabric(Strict):
 
 
 class Process(Strict):
-    pid: int
+    pid: int = Field(ge=1, le=MAX_PID)
     name: str
-    used_memory_mib: int
+    used_memory_mib: int = Field(ge=0)
     type: Literal["C", "G"] = "C"
 
 
@@ -439,8 +450,10 @@ class Profile(Strict):
     @model_validator(mode="after")
     def _overrides_valid(self) -> Profile:
         for index, override in self.gpus.items():
-            if not 0 <= index < MAX_GPUS:
-                raise ValueError(f"gpus.{index}: index out of range 0..{MAX_GPUS - 1}")
+            if not 0 <= index < self.gpu_count:
+                raise ValueError(
+                    f"gpus.{index}: no such GPU (gpu_count {self.gpu_count}: indices 0..{self.gpu_count - 1})"
+                )
             try:
                 GpuSpec.model_validate(deep_merge(self.gpu.model_dump(), override))
             except ValidationError as exc:
@@ -448,10 +461,12 @@ class Profile(Strict):
         return self
 
     def with_count(self, count: int | None) -> Profile:
+        """This profile with ``count`` GPUs; overrides of GPUs beyond the new count are dropped."""
         if count is None:
             return self
         data = self.model_dump()
         data["gpu_count"] = count
+        data["gpus"] = {index: override for index, override in self.gpus.items() if index < count}
         return Profile.model_validate(data)
 
     def devices(self) -> list[Device]:
@@ -561,10 +576,11 @@ def _first_error(exc: ValidationError) -> str:
 
 
 def format_errors(exc: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid profile ({exc.error_count()} problem{'s' if exc.error_count() > 1 else ''})"]
+    """One line per problem: ``SOURCE: FIELD.PATH: what is wrong``."""
+    lines = []
     for err in exc.errors():
         where, msg = _located(err)
-        lines.append(f"  {where or '(top level)'}: {msg}")
+        lines.append(f"{source}: invalid profile: {where}: {msg}" if where else f"{source}: invalid profile: {msg}")
     return "\n".join(lines)
 
 
@@ -576,10 +592,16 @@ def builtin_names() -> list[str]:
 def load_text(text: str, source: str) -> Profile:
     try:
         data = yaml.safe_load(text)
+    except yaml.reader.ReaderError as exc:  # control characters: a binary file
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise ProfileError(f"{source}: not a text file (character #x{char:02x} at offset {exc.position})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ProfileError(f"{source}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ProfileError(f"{source}:{where} not valid YAML: {problem}") from None
+    if data is None:
+        raise ProfileError(f"{source}: empty (a profile is a YAML mapping: name, gpu, ...)")
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: a profile must be a YAML mapping, got {type(data).__name__}")
     try:
@@ -599,8 +621,16 @@ def load(name_or_path: str | Path) -> Profile:
         raise ProfileError(
             f"{text_name}: no such profile file, and not a built-in profile ({', '.join(builtin_names())})"
         )
+    if not path.is_file():
+        raise ProfileError(f"{path}: not a regular file")
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(
+            f"{path}: not a UTF-8 text file (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        ) from None
     return load_text(text, str(path))

@@ -20,8 +20,31 @@ PROG = "mokka nri-plugin"
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         """Bad input: one line, exit 2 (argparse would print its usage first)."""
-        sys.stderr.write(f"mokka: error: {message}, on the command line of {PROG}\n")
+        sys.stderr.write(f"mokka: error: {message} (see `{PROG} --help`)\n")
         sys.exit(2)
+
+
+def health_address(value: str) -> str:
+    """``HOST:PORT``, ``:PORT`` (every address) or ``[IPv6]:PORT``, PORT 1..65535; argparse names
+    the option when this raises."""
+    host, sep, port = value.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535 or " " in host or (":" in host and not bracketed):
+        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT (e.g. :8080 or 127.0.0.1:8080; PORT 1..65535)")
+    return value
+
+
+def plugin_index(value: str) -> str:
+    """Two digits: the plugin's place among NRI plugins."""
+    if not (len(value) == 2 and value.isdigit()):
+        raise argparse.ArgumentTypeError(f"{value!r} is not two digits (e.g. 10)")
+    return value
+
+
+def plugin_name(value: str) -> str:
+    if not value or "/" in value:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a usable plugin name (no '/', not empty)")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -41,12 +64,19 @@ def parser() -> argparse.ArgumentParser:
         default=DEFAULT_SOCKET,
         help=f"containerd's NRI socket ({DEFAULT_SOCKET}); dialled unless started by containerd",
     )
-    ap.add_argument("--idx", default="10", help="plugin index: two digits, the order among NRI plugins (10)")
-    ap.add_argument("--name", default="mokka", help="plugin name (mokka)")
+    ap.add_argument(
+        "--idx", default="10", type=plugin_index, help="plugin index: two digits, the order among NRI plugins (10)"
+    )
+    ap.add_argument("--name", default="mokka", type=plugin_name, help="plugin name (mokka)")
     ap.add_argument(
         "--root", default="/var/lib/mokka", help="root staged by `mokka host setup` (/var/lib/mokka; reads node.json)"
     )
-    ap.add_argument("--health-addr", metavar="HOST:PORT", help="serve /healthz and /readyz (e.g. :8080)")
+    ap.add_argument(
+        "--health-addr",
+        metavar="HOST:PORT",
+        type=health_address,
+        help="serve /healthz and /readyz (e.g. :8080, 127.0.0.1:8080, [::1]:8080; PORT 1..65535)",
+    )
     ap.add_argument(
         "--allocator",
         choices=("nri", "external"),
@@ -94,10 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from nri_mokka import service
 
-    if not (len(args.idx) == 2 and args.idx.isdigit()):
-        _fail(f"--idx {args.idx!r}: a plugin index is exactly two digits")
-    if not args.name or "/" in args.name:
-        _fail(f"--name {args.name!r}: not a usable plugin name")
     settings: dict[str, object] = {
         "mode": args.mode,
         "excludeNamespaces": args.exclude if args.exclude is not None else ["kube-system"],

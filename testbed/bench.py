@@ -117,13 +117,10 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
                 ("create + destroy a GI and its CI (us)", mig_out["create_destroy_us"], None),
             ]
         for name, value, target in rows:
-            ratio = f"{value / target:.2f}" if target else ""
-            missed = "  MISSED" if target and value > target else ""
-            print(
-                f"{name:<44}{value:>12.2f}{(target or 0):>12.2f}{ratio:>9}{missed}"
-                if target
-                else f"{name:<44}{value:>12.2f}"
-            )
+            if target is None:
+                print(f"{name:<44}{value:>12.2f}")
+            else:
+                print(f"{name:<44}{value:>12.2f}{target:>12.2f}{value / target:>9.2f}{verdict(value, target)}")
 
         smi_path = Path(smi) if smi else nvidia_smi.find()
         if smi_path is None:
@@ -133,7 +130,11 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
         empty.mkdir()
         for mode in (["-q", "-x"], ["-L"]):
             smi_rows(exe, smi_path, mode, env, root.libdir, empty, rounds)
-        print(f"target: peak RSS overhead <= {TARGETS['rss_overhead_mb']} MB")
+
+
+def verdict(value: float, target: float) -> str:
+    """``  ok`` when ``value`` is within ``target`` (lower is better), else ``  MISSED``."""
+    return "  ok" if value <= target else "  MISSED"
 
 
 def mig_figures(exe: Path, profile: Profile, tmp: Path, calls: int, env: dict[str, str]) -> dict[str, float] | None:
@@ -172,15 +173,16 @@ def smi_rows(
     wall_bare = statistics.median(w for w, _ in bare) * 1000
     rss_mock = statistics.median(r for _, r in with_mock)
     rss_bare = statistics.median(r for _, r in bare)
+    rss_target = TARGETS["rss_overhead_mb"]
     print(f"nvidia-smi {' '.join(mode)}, median of {rounds}:")
-    print(f"{'':<24}{'with mock':>12}{'no library':>12}{'ratio':>9}{'overhead':>10}")
+    print(f"{'':<24}{'with mock':>12}{'no library':>12}{'ratio':>9}{'overhead':>10}{'target':>10}")
     print(
         f"{'wall time (ms)':<24}{wall_mock:>12.2f}{wall_bare:>12.2f}{wall_mock / wall_bare:>9.2f}"
         f"{wall_mock - wall_bare:>10.2f}"
     )
     print(
         f"{'peak RSS (MiB)':<24}{rss_mock:>12.2f}{rss_bare:>12.2f}{rss_mock / rss_bare:>9.2f}"
-        f"{rss_mock - rss_bare:>10.2f}"
+        f"{rss_mock - rss_bare:>10.2f}{rss_target:>10.2f}{verdict(rss_mock - rss_bare, rss_target)}"
     )
 
 
@@ -201,4 +203,7 @@ def host_setup(profile_name: str, rounds: int) -> None:
                 times.append(time.perf_counter() - start)
                 node.cleanup(root)
         med = statistics.median(times)
-        print(f"{f'{profile_name} x{count}':<28}{med:>10.3f}{max(times):>8.3f}{target:>10.1f}{med / target:>8.2f}")
+        print(
+            f"{f'{profile_name} x{count}':<28}{med:>10.3f}{max(times):>8.3f}{target:>10.1f}{med / target:>8.2f}"
+            f"{verdict(med, target)}"
+        )

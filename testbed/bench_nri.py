@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from . import sandbox
+from . import images, sandbox
 from .plugin_process import PluginProcess
 
 TARGETS = {
@@ -215,15 +215,15 @@ def _one_version(
         plugin_log = (tmp / "plugin.log").open("ab")
         with box:
             fig.server = box.server_version
-            rootfs = sandbox.make_rootfs(tmp / "rootfs")
-            box.import_image(sandbox.oci_archive(rootfs, tmp / "img.tar", sandbox.WORKLOAD_IMAGE))
+            rootfs = images.make_rootfs(tmp / "rootfs")
+            box.import_image(images.oci_archive(rootfs, tmp / "img.tar", images.WORKLOAD_IMAGE))
             pod = box.run_pod("bench")
 
             opted_out = box.run_pod("bench-opted-out", annotations={"mokka.io/inject": "false"})
 
             def create(in_pod: str = pod, **kw: object) -> float:
                 t = time.perf_counter()
-                cid = box.create_container(in_pod, sandbox.WORKLOAD_IMAGE, ["sleep", "1"], **kw)  # type: ignore[arg-type]
+                cid = box.create_container(in_pod, images.WORKLOAD_IMAGE, ["sleep", "1"], **kw)  # type: ignore[arg-type]
                 took = time.perf_counter() - t
                 box.remove_container(cid)
                 return took
@@ -335,7 +335,7 @@ def _synchronize(box: sandbox.Sandbox, fig: Figures, root: Path, log: IO[bytes],
     pod = box.run_pod("sync")
     print(f"{fig.version}: creating {count} containers for Synchronize", flush=True)
     for _ in range(count):
-        box.create_container(pod, sandbox.WORKLOAD_IMAGE, ["sleep", "1"])
+        box.create_container(pod, images.WORKLOAD_IMAGE, ["sleep", "1"])
     fig.sync_containers = count
     for _ in range(3):
         proc = PluginProcess(box.nri_socket, root, log)
@@ -386,7 +386,7 @@ def _chaos(box: sandbox.Sandbox, pod: str, proc: PluginProcess, count: int, rng:
     for _ in range(count):
         t0 = time.monotonic()
         try:
-            cid = box.create_container(pod, sandbox.WORKLOAD_IMAGE, ["sleep", "1"])
+            cid = box.create_container(pod, images.WORKLOAD_IMAGE, ["sleep", "1"])
         except sandbox.SandboxError:
             failed += 1
             cid = None
@@ -400,7 +400,7 @@ def _chaos(box: sandbox.Sandbox, pod: str, proc: PluginProcess, count: int, rng:
         explained += overlaps
         if cid is None:
             continue
-        mounts = box.inspect(cid)["info"]["runtimeSpec"].get("mounts", [])
+        mounts = box.container_info(cid)["runtimeSpec"].get("mounts", [])
         box.remove_container(cid)
         if not any(m.get("destination", "").endswith(INJECTED) for m in mounts):
             uninjected += 1

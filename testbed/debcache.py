@@ -1,10 +1,12 @@
 """Fetch Debian packages into a private cache, leaving the system's apt config alone.
 
 Each suite gets its own apt state under ``<cache>/apt/<suite>/`` (``apt.conf`` used via
-``APT_CONFIG``, sources, lists, package cache, an empty dpkg status); downloaded ``.deb``
-files land in ``<cache>/debs/<suite>/``. Once every requested package is cached, no
-network is used. To inspect a suite by hand: ``APT_CONFIG=<cache>/apt/<suite>/apt.conf
-apt-cache policy PKG``.
+``APT_CONFIG``, sources, lists, an empty dpkg status; apt's binary package cache is kept in
+memory only); downloaded ``.deb`` files land in ``<cache>/debs/<suite>/`` and are unpacked
+once under ``<cache>/extract/<deb name>/`` (:func:`unpacked`). Once every requested package
+is cached, no network is used; :func:`trim` drops the package lists (a later fetch of another
+package updates them again) and empties the ``.deb`` files already unpacked. To inspect a
+suite by hand: ``APT_CONFIG=<cache>/apt/<suite>/apt.conf apt-cache policy PKG``.
 """
 
 from __future__ import annotations
@@ -15,14 +17,15 @@ import functools
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["FetchError", "default_cache", "extract", "fetch"]
+__all__ = ["FetchError", "cached", "default_cache", "extract", "fetch", "trim", "unpacked"]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +106,10 @@ class _Suite:
             "Dir::State::Lists": r / "lists",
             "Dir::State::status": r / "status",
             "Dir::Cache": r / "cache",
+            # apt's binary caches (pkgcache.bin, srcpkgcache.bin: ~50 MB each per suite) would
+            # only speed up repeated apt calls; built in memory instead.
+            "Dir::Cache::pkgcache": "",
+            "Dir::Cache::srcpkgcache": "",
             "APT::Architecture": ARCH,
             "Acquire::Languages": "none",
             "Acquire::GzipIndexes": "true",
@@ -174,6 +181,12 @@ def _cached(debs: Path, spec: str) -> Path | None:
     return max(hits, key=functools.cmp_to_key(_version_cmp)) if hits else None
 
 
+def cached(suite: str, spec: str, cache: Path | None = None) -> Path | None:
+    """The newest ``.deb`` of ``spec`` (``pkg`` or ``pkg=version``) already fetched from ``suite`` (no network)."""
+    debs = (cache or default_cache()) / "debs" / suite
+    return _cached(debs, spec) if debs.is_dir() else None
+
+
 def _download(suite: _Suite, spec: str) -> Path:
     res = suite.apt("download", "--print-uris", spec)
     errors = _errors(res)
@@ -224,6 +237,83 @@ def extract(deb: Path, dest: Path) -> Path:
     if res.returncode != 0:
         raise FetchError(f"dpkg -x {deb}: {res.stderr.strip() or f'exit {res.returncode}'}")
     return dest
+
+
+def unpacked(deb: Path, member: Path, cache: Path | None = None, *, keep: Sequence[Path] = ()) -> Path:
+    """``deb`` unpacked once under ``<cache>/extract/<deb name>``; return the path of ``member`` in it.
+
+    ``keep``: the only paths (files or directories, relative like ``member``) worth keeping;
+    everything else the package holds is deleted after unpacking.
+    """
+    dest = (cache or default_cache()) / "extract" / deb.stem
+    if (dest / member).exists():
+        return dest / member
+    if deb.stat().st_size == 0:  # emptied by trim(): this unpacking needs more than was kept
+        deb = _refetch(deb, cache or default_cache())
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        extract(deb, tmp)
+        if not (tmp / member).exists():
+            raise FetchError(f"{deb.name} has no {member}")
+        if keep:
+            _keep_only(tmp, [tmp / k for k in keep])
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest / member
+
+
+def _keep_only(root: Path, keep: list[Path]) -> None:
+    """Delete every file under ``root`` that is not one of ``keep`` or inside one; then empty directories."""
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        here = Path(dirpath)
+        for name in filenames:
+            path = here / name
+            if not any(path == k or k in path.parents for k in keep):
+                path.unlink()
+        for name in dirnames:
+            path = here / name
+            if path.is_symlink():
+                if not any(path == k or k in path.parents for k in keep):
+                    path.unlink()
+            elif not any(path.iterdir()):
+                path.rmdir()
+
+
+def _refetch(deb: Path, cache: Path) -> Path:
+    """Download again a ``.deb`` that :func:`trim` emptied (its name gives package and version,
+    its directory the suite)."""
+    package, version = deb.name.split("_")[:2]
+    state = _Suite(cache, deb.parent.name)
+    with state.locked():
+        state.prepare()
+        if not state.fresh() or not state.has_lists():
+            state.update()
+        deb.unlink(missing_ok=True)
+        return _download(state, f"{package}={version.replace('%3a', ':')}")
+
+
+def trim(cache: Path | None = None) -> int:
+    """Drop every suite's package lists (and any binary cache an older version left), and empty
+    each ``.deb`` already unpacked under ``extract/`` (its name stays: :func:`fetch` still knows
+    it, and :func:`unpacked` downloads it again only to unpack more than it kept). Packages
+    never unpacked stay whole, usable offline. Returns the bytes freed."""
+    cache = cache or default_cache()
+    freed = 0
+    for root in sorted((cache / "apt").glob("*/")):
+        suite = _Suite(cache, root.name)
+        with suite.locked():
+            for waste in (root / "lists", root / "cache"):
+                freed += sum(f.stat().st_size for f in waste.rglob("*") if f.is_file() and not f.is_symlink())
+                shutil.rmtree(waste, ignore_errors=True)
+            suite.stamp.unlink(missing_ok=True)
+    for deb in sorted((cache / "debs").glob("*/*.deb")):
+        if not deb.is_symlink() and deb.stat().st_size and (cache / "extract" / deb.stem).is_dir():
+            freed += deb.stat().st_size
+            deb.write_bytes(b"")
+    return freed
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,8 @@ the profile's GPUs — containerd, the NRI plugin and the mock node, end to end,
 
 Everything lives under one private directory (``/run/mokka-demo``) and is torn down at the
 end — also on Ctrl-C or failure — unless ``--keep``; the binaries it needs are cached under
-``~/.cache/mokka``, so a second run fetches nothing.
+``~/.cache/mokka`` (``$MOKKA_CACHE``), so a second run fetches nothing. It compiles nothing:
+CRI is spoken from Python (:mod:`testbed.cri`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -25,8 +24,10 @@ import click
 
 from gpumodel import edits, nodelayout
 
-from . import containerd_dist, debcache, nvidia_smi, sandbox
+from . import cleanup, containerd_dist, debcache, images, nvidia_smi, sandbox
+from .cri import bindings
 from .plugin_process import PluginProcess
+from .progress import Progress
 
 T = TypeVar("T")
 DEFAULT_BASE = Path("/run/mokka-demo")
@@ -36,59 +37,10 @@ class DemoError(Exception):
     """A prerequisite is missing or a step failed; the message says what to do."""
 
 
-class Progress:
-    """One line per step with its elapsed time; a spinner while a step runs on a terminal."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.done = 0
-        self.start = time.monotonic()
-        self.tty = sys.stderr.isatty()
-
-    @contextlib.contextmanager
-    def step(self, title: str) -> Iterator[Callable[[str], None]]:
-        self.done += 1
-        label = f"[{self.done}/{self.total}] {title}"
-        t0 = time.monotonic()
-        notes: list[str] = []
-        stop = threading.Event()
-        spinner = None
-        if self.tty:
-
-            def spin() -> None:
-                frames = "|/-\\"
-                i = 0
-                while not stop.wait(0.1):
-                    click.echo(f"\r{label} {frames[i % 4]} {time.monotonic() - t0:.1f}s", nl=False, err=True)
-                    i += 1
-
-            spinner = threading.Thread(target=spin, daemon=True)
-            spinner.start()
-        else:
-            click.echo(f"{label} ...", err=True)
-        ok = False
-        try:
-            yield notes.append
-            ok = True
-        finally:
-            stop.set()
-            if spinner:
-                spinner.join()
-            took = time.monotonic() - t0
-            status = click.style("ok", fg="green") if ok else click.style("failed", fg="red")
-            prefix = f"\r{label} " if self.tty else f"{label}: "
-            click.echo(
-                f"{prefix}{status} ({took:.2f}s){'; ' + '; '.join(notes) if notes else ''}\x1b[K"
-                if self.tty
-                else f"{prefix}{status} ({took:.2f}s){'; ' + '; '.join(notes) if notes else ''}",
-                err=True,
-            )
-
-
 @dataclass
 class Options:
     profile: str = "h100"
-    gpus: int | None = 8
+    gpus: int | None = None  # None: the profile's gpu_count
     containerd: str | None = None  # "1.7" | "2.1" | None: the machine's if usable, else 2.1
     keep: bool = False
     base: Path = DEFAULT_BASE
@@ -119,10 +71,10 @@ def check_prerequisites(base: Path) -> None:
 def _fetch(what: str, fn: Callable[[], T]) -> T:
     try:
         return fn()
-    except (debcache.FetchError, OSError, subprocess.CalledProcessError) as exc:
+    except (debcache.FetchError, bindings.BindingsError, OSError, subprocess.CalledProcessError) as exc:
         raise DemoError(
-            f"cannot get {what}: {exc}\nhint: the first run needs the Debian archive and the Go module "
-            f"proxy; later runs use the cache in {debcache.default_cache()}"
+            f"cannot get {what}: {exc}\nhint: the first run needs the Debian archive (`.ci/setup` fetches "
+            f"everything); later runs use the cache in {debcache.default_cache()}"
         ) from None
 
 
@@ -163,7 +115,7 @@ def run(opts: Options) -> int:
     # SIGTERM tears down like Ctrl-C.
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        with progress.step("binaries: containerd, runc, nvidia-smi, busybox, crictl") as note:
+        with progress.step("binaries: containerd, runc, nvidia-smi, busybox; CRI bindings") as note:
             machine = _machine_containerd() if opts.containerd is None else None
             local = machine[0] if machine else None
             version = machine[1] if machine else (opts.containerd or "2.1")
@@ -174,8 +126,8 @@ def run(opts: Options) -> int:
                 note(f"containerd {version} from Debian ({bindir})")
             runc = Path(shutil.which("runc") or _fetch("runc", containerd_dist.runc))
             smi = _fetch("nvidia-smi 550", lambda: nvidia_smi.fetch("550"))
-            _fetch("busybox", sandbox.busybox)
-            _fetch("crictl", sandbox.crictl)
+            _fetch("busybox", images.busybox)
+            _fetch("the CRI bindings", bindings.load)
             note(f"nvidia-smi {smi}")
             note(f"cache {debcache.default_cache()}")
         with progress.step(f"mock node: {prof.gpu_count}x {prof.gpu.name} under {node_root}") as note:
@@ -186,8 +138,8 @@ def run(opts: Options) -> int:
             note(f"{len(layout.gpus)} GPUs, device major {layout.gpu_major}")
         with progress.step("workload image (glibc + busybox, nothing NVIDIA)"):
             needs = [smi, Path(layout.library)] + ([Path(layout.sysfs_shim)] if layout.sysfs_shim else [])
-            rootfs = sandbox.make_rootfs(base / "workload", programs=needs)
-            image = sandbox.oci_archive(rootfs, base / "workload.tar", sandbox.WORKLOAD_IMAGE)
+            rootfs = images.make_rootfs(base / "workload", programs=needs)
+            image = images.oci_archive(rootfs, base / "workload.tar", images.WORKLOAD_IMAGE)
             shutil.rmtree(rootfs)
         with progress.step(f"containerd {version if local is None else '(machine)'} with NRI and CDI") as note:
             box = sandbox.Sandbox(base / "sb", version, nri=True, runtime_handlers={"runc": runc}, bindir=local)
@@ -204,7 +156,7 @@ def run(opts: Options) -> int:
             note(f"registered; log {log_path}")
         with progress.step("pod and container through CRI: nvidia-smi") as note:
             pod = box.run_pod("mokka-demo")
-            result = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["nvidia-smi"], name="nvidia-smi")
+            result = box.run_container(pod, images.WORKLOAD_IMAGE, ["nvidia-smi"], name="nvidia-smi")
             note(f"exit {result.exit_code}")
         click.echo(result.logs, nl=not result.logs.endswith("\n"))
         injected = [ln.split(": ", 2)[-1] for ln in log_path.read_text().splitlines() if "/nvidia-smi:" in ln]
@@ -218,7 +170,7 @@ def run(opts: Options) -> int:
         click.echo(f"  env: {' '.join(sorted(all_edits.env_dict()))}")
         with progress.step("teardown" if not opts.keep else "kept running (--keep)") as note:
             if opts.keep:
-                note(f"stop it with `mokka demo --stop`; crictl config {box.base / 'crictl.yaml'}")
+                note(f"stop it with `mokka demo --stop`; CRI socket {box.address}")
             else:
                 done = True
                 teardown(base, box, plugin, node_root if staged else None)
@@ -283,6 +235,8 @@ def stop(base: Path = DEFAULT_BASE) -> list[str]:
 
     if not base.exists():
         return []
+    if os.geteuid() != 0:
+        raise DemoError(f"stopping the demo under {base} needs root, as running it did (hint: sudo mokka demo --stop)")
     _stop_plugins(base)
     for version in ("2.1", "1.7"):
         if (base / "sb").exists():
@@ -294,4 +248,4 @@ def stop(base: Path = DEFAULT_BASE) -> list[str]:
         with contextlib.suppress(Exception):
             node.cleanup(base / "node")
     shutil.rmtree(base, ignore_errors=True)
-    return sandbox.leftovers(base)
+    return cleanup.leftovers(base)

@@ -20,14 +20,15 @@ Each element belongs to one field class (:func:`field_class`):
   operation, C2C, fabric state, applications clocks, the power limit in force);
 - ``health``: error state of a healthy board (ECC and SRAM counters and sources, retired pages,
   remapped rows, repair flags, fabric health);
-- ``mig``: the MIG devices a capture lists (``mig_devices``) — reported, not scored until
-  profiles can describe a MIG layout.
+- ``mig``: the MIG devices a capture lists (``mig_devices``: instance IDs, SM and engine counts,
+  memory and BAR1 sizes; the memory in use there is ``live``) — scored: `mokka profile import`
+  turns them into the profile's MIG layout.
 
 A *value-carrying* element is one the capture prints with a value (not N/A, Not Supported or
 empty). Two rules count them:
 
-- **strict** (the bar): every value-carrying ``board``, ``config`` and ``health`` element of the
-  capture counts, wherever it sits. It matches when the mock prints the same text at the same
+- **strict** (the bar): every value-carrying ``board``, ``config``, ``health`` and ``mig`` element
+  of the capture counts, wherever it sits. It matches when the mock prints the same text at the same
   path. An element the mock does not print counts as a miss, unless the nvidia-smi release that
   read the mock does not know the element at all (its name, or a parent's, is missing from the
   DTD the binary embeds: :func:`dtd_elements`) — those are listed as unprintable, outside the
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from gpumodel.profile import Profile
 
 CLASSES = ("board", "config", "health", "live", "mig", "identity", "host")
-SCORED = ("board", "config", "health")
+SCORED = ("board", "config", "health", "mig")
 NA = {"N/A", "Not Supported", "[N/A]", ""}
 
 IDENTITY_NAMES = {
@@ -128,6 +129,8 @@ LIVE_SUBTREES = {
     "accounted_processes",
     "inforom_bbx_flush",
 }
+# What a MIG device's processes change: its memory (and BAR1) in use.
+MIG_LIVE_NAMES = {"used", "free"}
 HEALTH_SUBTREES = {"ecc_errors", "retired_pages", "remapped_rows", "health"}
 HEALTH_NAMES = {"gpu_recovery_action"}
 CONFIG_NAMES = {
@@ -243,7 +246,7 @@ def field_class(path: str) -> str:
     parts = _parts(path)
     name, parents = parts[-1], set(parts[:-1])
     if "mig_devices" in parents:
-        return "mig"
+        return "live" if name in MIG_LIVE_NAMES else "mig"
     if name in IDENTITY_NAMES:
         return "identity"
     if name in HOST_NAMES or parents & HOST_SUBTREES:
@@ -462,8 +465,8 @@ def table_row(name: str, version: str, report: Report) -> str:
 
 
 TABLE_HEADER = (
-    "| profile | nvidia-smi | GPUs | strict (board+config+health) | board | config | health | live (not scored) "
-    "| mig (not scored) | lenient | invented |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    "| profile | nvidia-smi | GPUs | strict (board+config+health+mig) | board | config | health | live (not scored) "
+    "| mig | lenient | invented |\n|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 

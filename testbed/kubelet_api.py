@@ -2,7 +2,7 @@
 
 The ``.proto`` files come from the ``k8s.io/kubelet`` module (and the ``gogo.proto`` they import
 from ``github.com/gogo/protobuf``) on the Go module proxy, downloaded with ``go mod download``
-into the private cache at the versions pinned here, and are compiled at build time into
+into the private cache (``gomod/``) at the versions pinned here, and are compiled at build time into
 ``k8snode/dra/_pb/`` (git-ignored, never committed):
 
 - ``pkg/apis/pluginregistration/v1/api.proto`` — the Registration service kubelet's plugin
@@ -62,23 +62,35 @@ def current(out: Path = OUT) -> bool:
         return False
 
 
-def module_dir(module: str, version: str, cache: Path | None = None) -> Path | None:
-    """Where ``go mod download`` unpacked ``module@version`` in the cache, when it did (no Go run)."""
-    cache = cache or debcache.default_cache()
-    # The module cache escapes upper-case letters as '!' + lower case.
+def _unpacked(module: str, version: str, cache: Path) -> Path:
+    # Named as Go's module cache names it (upper-case letters escaped as '!' + lower case).
     escaped = "".join(f"!{c.lower()}" if c.isupper() else c for c in module)
-    path = cache / "gopath" / "pkg" / "mod" / f"{escaped}@{version}"
+    return cache / "gomod" / f"{escaped}@{version}"
+
+
+def module_dir(module: str, version: str, cache: Path | None = None) -> Path | None:
+    """Where :func:`download` unpacked ``module@version`` in the cache, when it did (no Go run)."""
+    path = _unpacked(module, version, cache or debcache.default_cache())
     return path if path.is_dir() else None
 
 
 def download(module: str, version: str, cache: Path | None = None) -> Path:
-    """``go mod download`` one pinned module into the cache's GOPATH; its unpacked directory."""
+    """``go mod download`` one pinned module and keep its files (only that module's, a few MB) in
+    the cache's ``gomod/``; its directory. Go's own module cache is a throw-away one."""
     cache = cache or debcache.default_cache()
+    if found := module_dir(module, version, cache):
+        return found
     go = gotool.find(cache)
     env = dict(os.environ)
-    env.update(GOPATH=str(cache / "gopath"), GOFLAGS="-mod=mod", GOTOOLCHAIN="local")
-    env.pop("GOROOT", None)
+    for key in ("GOROOT", "GOPATH", "GOMODCACHE", "GOFLAGS"):
+        env.pop(key, None)
     with tempfile.TemporaryDirectory(prefix="mokka-gomod-") as tmp:
+        env.update(
+            GOPATH=f"{tmp}/gopath",
+            GOMODCACHE=f"{tmp}/gopath/pkg/mod",
+            GOFLAGS="-mod=mod -modcacherw",
+            GOTOOLCHAIN="local",
+        )
         res = subprocess.run(
             [str(go), "mod", "download", "-json", f"{module}@{version}"],
             cwd=tmp,
@@ -87,14 +99,19 @@ def download(module: str, version: str, cache: Path | None = None) -> Path:
             text=True,
             check=False,
         )
-    try:
-        info = json.loads(res.stdout)
-    except ValueError:
-        info = {}
-    if res.returncode != 0 or info.get("Error") or not info.get("Dir"):
-        why = info.get("Error") or res.stderr.strip() or f"exit {res.returncode}"
-        raise GenerateError(f"go mod download {module}@{version}: {why}")
-    return Path(info["Dir"])
+        try:
+            info = json.loads(res.stdout)
+        except ValueError:
+            info = {}
+        if res.returncode != 0 or info.get("Error") or not info.get("Dir"):
+            why = info.get("Error") or res.stderr.strip() or f"exit {res.returncode}"
+            raise GenerateError(f"go mod download {module}@{version}: {why}")
+        dest = _unpacked(module, version, cache)
+        staging = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(info["Dir"], staging)
+        staging.rename(dest)
+    return dest
 
 
 def _plugin() -> str:

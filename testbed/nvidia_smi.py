@@ -7,13 +7,12 @@ library anywhere.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
-from . import debcache
+from . import debcache, versions
 
-SUITES = {"550": "trixie", "535": "bookworm", "555": "experimental"}
+SUITES = versions.NVIDIA_SMI_SUITES
 BINARY = Path("usr/lib/nvidia/current/nvidia-smi")
 
 
@@ -21,17 +20,8 @@ def fetch(version: str, cache: Path | None = None) -> Path:
     """Path of nvidia-smi ``version`` ("550", "535" or "555"), downloading and unpacking it once."""
     if version not in SUITES:
         raise ValueError(f"no Debian nvidia-smi {version!r}; known: {', '.join(sorted(SUITES))}")
-    cache = cache or debcache.default_cache()
     deb = debcache.fetch(SUITES[version], ["nvidia-smi"], cache)["nvidia-smi"]
-    dest = cache / "extract" / deb.stem
-    binary = dest / BINARY
-    if not binary.exists():
-        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        debcache.extract(deb, tmp)
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-    return binary
+    return debcache.unpacked(deb, BINARY, cache)
 
 
 def cached(version: str, cache: Path | None = None) -> Path | None:

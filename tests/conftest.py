@@ -1,8 +1,9 @@
-"""Shared fixtures: staged driver roots and the real consumers."""
+"""Shared fixtures: staged driver roots and the real consumers; where the test tools are."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,6 +17,18 @@ from testbed import nvidia_smi
 SMI_VERSIONS = ["550", "535", "555"]
 
 pytest_plugins = ["e2e_fixtures", "mig_fixtures", "cluster_fixtures", "fault_fixtures"]
+
+# Programs the test extras install into the interpreter's environment (.venv/bin), which is on
+# no PATH when the suite runs as `.venv/bin/python -m pytest` (CI: PATH=/usr/sbin:/usr/bin:/sbin:/bin).
+VENV_TOOLS = ("nvitop", "hadolint", "gpustat", "protoc-gen-python_betterproto")
+
+
+def tool(name: str) -> str | None:
+    """Path of program ``name``: the one beside this interpreter (its venv's bin/), else PATH's."""
+    beside = Path(sys.executable).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(name)
 
 
 class Staged:

@@ -9,7 +9,7 @@ import pytest
 
 from gpumodel import nodelayout, profile
 from hostsetup import node
-from testbed import nvidia_smi, sandbox
+from testbed import images, nvidia_smi
 
 PROFILE = "h100"
 
@@ -36,13 +36,13 @@ def layout(tmp_path_factory: pytest.TempPathFactory, smi550: Path) -> Iterator[n
 def workload_rootfs(tmp_path_factory: pytest.TempPathFactory, layout: nodelayout.NodeLayout, smi550: Path) -> Path:
     """busybox plus the glibc libraries nvidia-smi and the mock need; nothing NVIDIA inside."""
     needs = [smi550, Path(layout.library)] + ([Path(layout.sysfs_shim)] if layout.sysfs_shim else [])
-    rootfs = sandbox.make_rootfs(tmp_path_factory.mktemp("workload") / "rootfs", programs=needs)
+    rootfs = images.make_rootfs(tmp_path_factory.mktemp("workload") / "rootfs", programs=needs)
     assert not [p for p in rootfs.rglob("*") if "nvidia" in p.name.lower()]
     return rootfs
 
 
 @pytest.fixture(scope="module")
 def workload_image(tmp_path_factory: pytest.TempPathFactory, workload_rootfs: Path) -> Path:
-    return sandbox.oci_archive(
-        workload_rootfs, tmp_path_factory.mktemp("images") / "workload.tar", sandbox.WORKLOAD_IMAGE
+    return images.oci_archive(
+        workload_rootfs, tmp_path_factory.mktemp("images") / "workload.tar", images.WORKLOAD_IMAGE
     )

@@ -33,11 +33,15 @@ def test_bench_nvml_prints_every_figure() -> None:
         "create + destroy a GI and its CI (us)",
     ):
         assert figure in out
+    # Every figure that has a target says whether it met it.
+    judged = [ln for ln in out.splitlines() if ln.endswith((" ok", " MISSED"))]
+    assert len(judged) == 9, out  # 3 call costs (one with the counter stuck), 2 MIG getters, init, size, 2x RSS
 
 
 def test_bench_host_setup() -> None:
     out = bench("host-setup", "--rounds", "1")
     assert "h100 x8" in out and "h100 x64" in out
+    assert all(ln.endswith((" ok", " MISSED")) for ln in out.splitlines() if ln.startswith("h100 x"))
 
 
 def test_bench_nri() -> None:

@@ -3,8 +3,9 @@ manifest validated against the Kubernetes schemas of the version it is rendered 
 (kubernetes-validate, strict: unknown fields are errors), and the fake-gpu-operator
 contract asserted on the rendered ConfigMaps.
 
-helm is built from the Go module proxy at a pinned version (testbed.gotool.install), with
-the Kubernetes version its release builds stamp in, so `helm install --dry-run` works offline.
+helm is built once by `.ci/setup --tests` (testbed.prepare) from the Go module proxy at the
+version pinned in testbed/versions.py, with the Kubernetes version its release builds stamp
+in, so `helm install --dry-run` works offline; no test builds it.
 """
 
 from __future__ import annotations
@@ -23,19 +24,12 @@ import yaml
 
 from gpumodel import profile
 from k8snode import nodeinfo
-from testbed import gotool
+from testbed import prepare, versions
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "mokka"
-HELM_VERSION = "v3.18.6"  # its client-go is 0.33: Kubernetes 1.33
-HELM = f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"
-HELM_LDFLAGS = [
-    f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
-    *(f"-X helm.sh/helm/v3/pkg/{pkg}.k8sVersion{part}={n}" for pkg in ("chartutil", "lint/rules") for part, n in
-      (("Major", 1), ("Minor", 33))),
-]  # fmt: skip
 VAP = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 CONTRACT_LABEL = "fake-gpu-operator/gpu-profile"
 RELEASE, NAMESPACE = "gpu", "mokka-system"
@@ -46,9 +40,9 @@ Docs = list[dict[str, Any]]
 @pytest.fixture(scope="session")
 def helm() -> Path:
     try:
-        return gotool.install(HELM, ldflags=HELM_LDFLAGS)
-    except Exception as exc:
-        pytest.fail(f"cannot build {HELM} from the Go module proxy: {exc}")
+        return prepare.go_binary(versions.HELM)
+    except prepare.NotPrepared as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ import test_chart
 import yaml
 from cluster_fixtures import wait_for
 
-from testbed import gotool
+from testbed import prepare, versions
 from testbed.kube import pki
 from testbed.kube.cluster import Cluster
 from testbed.kube.images import WORKLOAD_IMAGE
@@ -35,7 +35,7 @@ PROBE = "probe.mokka.io/by-service-account"
 
 @pytest.fixture(scope="module")
 def helm() -> Path:
-    return gotool.install(test_chart.HELM, ldflags=test_chart.HELM_LDFLAGS)
+    return prepare.go_binary(versions.HELM)  # built by .ci/setup --tests
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import test_chart
 import yaml
 from cluster_fixtures import pod_manifest, run_pod, start_cluster, wait_for
 
-from testbed import gotool, nvidia_smi
+from testbed import nvidia_smi, prepare, versions
 from testbed.kube import nodeimage
 from testbed.kube.cluster import Cluster
 
@@ -46,7 +46,7 @@ def release(cluster: Cluster, core: Any, tmp_path_factory: pytest.TempPathFactor
     image = nodeimage.build(tmp_path_factory.mktemp("node-image"), nvidia_smi.fetch("550"))
     cluster.import_image(image)
     repository, tag = nodeimage.NODE_IMAGE.rsplit(":", 1)
-    helm = gotool.install(test_chart.HELM, ldflags=test_chart.HELM_LDFLAGS)
+    helm = prepare.go_binary(versions.HELM)  # built by .ci/setup --tests
     root = cluster.layout.base / "chart-node"
     values = {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpumodel import profile
-from testbed import demo, sandbox
+from testbed import cleanup, demo
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 BASE = demo.DEFAULT_BASE
@@ -29,7 +29,7 @@ def _root_and_clean() -> None:
 
 def assert_nothing_left() -> None:
     assert not BASE.exists()
-    assert sandbox.leftovers(BASE / "sb") == []
+    assert cleanup.leftovers(BASE / "sb") == []
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(BASE) not in mounts
     live = []
@@ -49,6 +49,9 @@ def mokka(*args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C reaches it even when this suite runs where SIGINT is ignored (a background job
+        # of a non-interactive shell): Python installs its handler only where SIGINT is not.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
@@ -72,12 +75,13 @@ def test_interrupt_midway_tears_everything_down() -> None:
     assert proc.stderr is not None
     seen = ""
     deadline = time.monotonic() + 120
-    while "[5/7]" not in seen and time.monotonic() < deadline:  # containerd is up, the plugin starting
+    # Step 4 done: containerd is up and the plugin is starting.
+    while not any(ln.startswith("[4/7] ") and ": ok" in ln for ln in seen.splitlines()) and time.monotonic() < deadline:
         line = proc.stderr.readline()
         if not line:
             break
         seen += line
-    assert "[5/7]" in seen, seen
+    assert "[4/7]" in seen, seen
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, seen + err
@@ -105,10 +109,35 @@ def test_refuses_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_keep_then_stop() -> None:
-    proc = mokka("--containerd", "2.1", "--gpus", "2", "--keep")
-    _, err = proc.communicate(timeout=300)
+    """--keep leaves it running; --stop as another user refuses and changes nothing; as root it removes all.
+    The GPU count defaults to the profile's: a100 has one."""
+    proc = mokka("--containerd", "2.1", "--profile", "a100", "--keep")
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
+    assert len([ln for ln in out.splitlines() if "NVIDIA A100" in ln]) == 1, out
+    assert "1x NVIDIA A100" in err
     assert "kept running" in err and (BASE / "sb" / "containerd.sock").exists()
+    before = sorted(str(p) for p in BASE.rglob("*"))
+    nobody = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-m",
+            "mokka.cli",
+            "demo",
+            "--stop",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert nobody.returncode == 1, nobody.stderr
+    assert nobody.stderr.startswith("mokka: error: ") and "needs root" in nobody.stderr
+    assert len(nobody.stderr.splitlines()) == 1 and "Traceback" not in nobody.stderr
+    assert sorted(str(p) for p in BASE.rglob("*")) == before
     stop = subprocess.run(
         [sys.executable, "-m", "mokka.cli", "demo", "--stop"], capture_output=True, text=True, timeout=120
     )

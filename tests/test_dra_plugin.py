@@ -38,7 +38,9 @@ KIND = "nvidia.com/gpu"
 def bindings() -> None:
     """The kubelet API bindings, compiled from k8s.io/kubelet's protos by the setup, never by a test."""
     if not kubelet_api.current():
-        pytest.fail(f"{kubelet_api.OUT} is missing or stale: run `.ci/setup` (or `python -m testbed.kubelet_api`)")
+        pytest.fail(
+            f"{kubelet_api.OUT} is missing or stale: run `.ci/setup --tests` (or `python -m testbed.kubelet_api`)"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -369,7 +371,7 @@ def test_registration_names_are_the_kubelets() -> None:
     from k8snode.dra import api, service
 
     kubelet = kubelet_api.module_dir(*kubelet_api.KUBELET_MODULE)
-    assert kubelet is not None, "k8s.io/kubelet is not in the module cache: run .ci/setup"
+    assert kubelet is not None, "k8s.io/kubelet is not in the module cache: run .ci/setup --tests"
     constants = (kubelet / "pkg/apis/pluginregistration/v1/constants.go").read_text()
     assert f'DRAPlugin = "{service.PLUGIN_TYPE}"' in constants
     for version, module in api.DRA_SERVICES:
@@ -601,7 +603,7 @@ def test_missing_bindings_are_one_line(node_root: Path) -> None:
     assert res.returncode != 0
     assert res.stderr.strip().splitlines() == [
         "mokka: error: the kubelet API bindings (k8snode/dra/_pb) are missing (import of k8snode.dra._pb halted; "
-        "None in sys.modules): run `python -m testbed.kubelet_api` (or .ci/setup)"
+        "None in sys.modules): run `python -m testbed.kubelet_api` (or .ci/setup --tests)"
     ]
 
 

@@ -22,7 +22,7 @@ import pytest
 
 import cdi
 from gpumodel import edits, nodelayout, profile
-from testbed import sandbox
+from testbed import cleanup, images, podman, sandbox
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 
@@ -61,8 +61,9 @@ def containerd(
     box = sandbox.Sandbox(base, request.param, cdi_dirs=[cdi_spec.parent], log_file=log_file)
     with box:
         box.import_image(workload_image)
+        assert images.WORKLOAD_IMAGE in box.images()  # CRI ListImages sees what ctr imported
         yield box
-    assert sandbox.leftovers(base) == []
+    assert cleanup.leftovers(base) == []
     assert not [pid for pid, argv in _containerd_processes().items() if any(str(base) in a for a in argv)]
 
 
@@ -120,7 +121,7 @@ def test_cdi_annotation(containerd: sandbox.Sandbox, layout: nodelayout.NodeLayo
     pod = containerd.run_pod("cdi-annotation")
     res = containerd.run_container(
         pod,
-        sandbox.WORKLOAD_IMAGE,
+        images.WORKLOAD_IMAGE,
         ["sh", "-c", PROBE],
         name="gpu1",
         annotations={"cdi.k8s.io/mokka": "nvidia.com/gpu=1"},
@@ -128,7 +129,7 @@ def test_cdi_annotation(containerd: sandbox.Sandbox, layout: nodelayout.NodeLayo
     assert res.exit_code == 0, res.logs
     assert_sees_exactly(res.logs, layout, 1)
     # A container of the same pod without a request gets nothing.
-    plain = containerd.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", PROBE], name="plain")
+    plain = containerd.run_container(pod, images.WORKLOAD_IMAGE, ["sh", "-c", PROBE], name="plain")
     got = sections(plain.logs)
     assert not [ln for ln in got["dev"] if "nvidia" in ln], plain.logs
     assert not [ln for ln in got["env"] if ln.startswith("MOKKA_")], plain.logs
@@ -139,7 +140,7 @@ def test_cri_cdi_devices_field(containerd: sandbox.Sandbox, layout: nodelayout.N
     """The CRI ``CDI_devices`` field (what kubelet fills from device plugins and DRA); 1.7.24 honours it too."""
     pod = containerd.run_pod("cdi-field")
     res = containerd.run_container(
-        pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", PROBE], name="gpu1", cdi_devices=["nvidia.com/gpu=1"]
+        pod, images.WORKLOAD_IMAGE, ["sh", "-c", PROBE], name="gpu1", cdi_devices=["nvidia.com/gpu=1"]
     )
     assert res.exit_code == 0, res.logs
     assert_sees_exactly(res.logs, layout, 1)
@@ -151,7 +152,7 @@ def test_unresolvable_cdi_device(containerd: sandbox.Sandbox, layout: nodelayout
     missing = len(layout.gpus)
     with pytest.raises(sandbox.SandboxError, match=rf"unresolvable CDI devices nvidia.com/gpu={missing}"):
         containerd.create_container(
-            pod, sandbox.WORKLOAD_IMAGE, ["true"], annotations={"cdi.k8s.io/mokka": f"nvidia.com/gpu={missing}"}
+            pod, images.WORKLOAD_IMAGE, ["true"], annotations={"cdi.k8s.io/mokka": f"nvidia.com/gpu={missing}"}
         )
 
 
@@ -165,9 +166,9 @@ def test_podman_device(
     shutil.copytree(workload_rootfs, rootfs, symlinks=True)  # the runtime adds mount targets to it
     base = tmp_path_factory.mktemp("pm")
     shutil.rmtree(base)
-    before = set(sandbox.PODMAN_CDI_DIRS[1].glob("mokka-*.json"))
-    res = sandbox.podman_run(base, rootfs, ["sh", "-c", PROBE], devices=["nvidia.com/gpu=0"], cdi_spec=cdi_spec)
+    before = set(podman.PODMAN_CDI_DIRS[1].glob("mokka-*.json"))
+    res = podman.podman_run(base, rootfs, ["sh", "-c", PROBE], devices=["nvidia.com/gpu=0"], cdi_spec=cdi_spec)
     assert res.returncode == 0, res.stdout + res.stderr
     assert_sees_exactly(res.stdout, layout, 0)
-    assert sandbox.leftovers(base, "podman") == []
-    assert set(sandbox.PODMAN_CDI_DIRS[1].glob("mokka-*.json")) == before
+    assert cleanup.leftovers(base, "podman") == []
+    assert set(podman.PODMAN_CDI_DIRS[1].glob("mokka-*.json")) == before

@@ -39,7 +39,9 @@ def mixed_profile(path: Path) -> Path:
     """The built-in h100 profile with four GPUs, GPU 2 another product."""
     data = yaml.safe_load((resources.files("gpumodel") / "profiles" / "h100.yaml").read_text())
     data.update(name="h100-mixed", gpu_count=GPUS)
-    data.setdefault("gpus", {})[2] = {"name": OTHER_PRODUCT}
+    # Overrides only for GPUs the profile has (one for GPU 5 of a 4-GPU profile is an error).
+    data["gpus"] = {index: override for index, override in data.get("gpus", {}).items() if index < GPUS}
+    data["gpus"][2] = {"name": OTHER_PRODUCT}
     path.write_text(yaml.safe_dump(data))
     return path
 

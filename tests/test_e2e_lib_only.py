@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from gpumodel import edits, nodelayout, profile, state
-from testbed import sandbox
+from testbed import cleanup, images, sandbox
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 
@@ -98,7 +98,7 @@ def box(
     with b:
         b.import_image(workload_image)
         yield b
-    assert sandbox.leftovers(base) == []
+    assert cleanup.leftovers(base) == []
 
 
 def test_library_alone_shows_the_node_and_its_live_changes(box: sandbox.Sandbox, layout: nodelayout.NodeLayout) -> None:
@@ -106,7 +106,7 @@ def test_library_alone_shows_the_node_and_its_live_changes(box: sandbox.Sandbox,
     assert device.spec.temperature.gpu != HOT
     pod = box.run_pod("lib-only")
     cid = box.create_container(
-        pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", WATCH], name="watch", cdi_devices=[f"nvidia.com/gpu={GPU}"]
+        pod, images.WORKLOAD_IMAGE, ["sh", "-c", WATCH], name="watch", cdi_devices=[f"nvidia.com/gpu={GPU}"]
     )
     box.start_container(cid)
     deadline = time.monotonic() + 60

@@ -31,7 +31,7 @@ from test_e2e_cdi import PROBE, PROFILE, assert_sees_exactly, device_nodes, sect
 import cdi
 from gpumodel import nodelayout, profile
 from gpumodel.edits import SHIM_IN_CONTAINER
-from testbed import sandbox
+from testbed import cleanup, images, sandbox
 from testbed.plugin_process import PluginProcess
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
@@ -58,14 +58,14 @@ def node_with_plugin(
             yield box, plugin
         finally:
             plugin.stop()
-    assert sandbox.leftovers(base) == []
+    assert cleanup.leftovers(base) == []
 
 
 def run_probe(
     box: sandbox.Sandbox, pod_annotations: dict[str, str] | None = None, env: dict[str, str] | None = None
 ) -> str:
     pod = box.run_pod(f"p{time.monotonic_ns() % 10**8}", annotations=pod_annotations or {})
-    result = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", PROBE], env=env or {})
+    result = box.run_container(pod, images.WORKLOAD_IMAGE, ["sh", "-c", PROBE], env=env or {})
     box.remove_pod(pod)
     return result.logs
 
@@ -108,14 +108,14 @@ def test_other_rules(node_with_plugin: tuple[sandbox.Sandbox, PluginProcess], la
     box, _ = node_with_plugin
     assert_sees_exactly(run_probe(box, pod_annotations={"mokka.io/gpus": "2"}), layout, 2)
     pod = box.run_pod(f"k{time.monotonic_ns() % 10**8}", namespace="kube-system")
-    out = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", PROBE]).logs
+    out = box.run_container(pod, images.WORKLOAD_IMAGE, ["sh", "-c", PROBE]).logs
     box.remove_pod(pod)
     assert smi_lines(out) == [] and "exit 127" in sections(out)["smi"], out
     out = run_probe(box, env={"LD_PRELOAD": "/lib/nothing-here.so"})
     assert f"LD_PRELOAD={SHIM_IN_CONTAINER}:/lib/nothing-here.so" in sections(out)["env"], out
     pod = box.run_pod(f"u{time.monotonic_ns() % 10**8}", annotations={"mokka.io/gpus": "12"})
     with pytest.raises(sandbox.SandboxError, match=re.escape("mokka.io/gpus names GPU '12', which this node does not")):
-        box.create_container(pod, sandbox.WORKLOAD_IMAGE, ["true"])
+        box.create_container(pod, images.WORKLOAD_IMAGE, ["true"])
     box.remove_pod(pod)
 
 
@@ -153,14 +153,14 @@ def test_stopped_plugin_does_not_block_containers(
             os.kill(plugin.proc.pid, signal.SIGSTOP)
             try:
                 pod = box.run_pod("stopped-plugin")
-                result = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", "echo started"])
+                result = box.run_container(pod, images.WORKLOAD_IMAGE, ["sh", "-c", "echo started"])
                 assert result.exit_code == 0 and "started" in result.logs
                 box.remove_pod(pod)
             finally:
                 os.kill(plugin.proc.pid, signal.SIGCONT)
         finally:
             plugin.stop()
-    assert sandbox.leftovers(base) == []
+    assert cleanup.leftovers(base) == []
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -210,7 +210,7 @@ def test_pre_launched_by_containerd(
         os.kill(serving, signal.SIGKILL)
         wait_log("registered", 2)
         configured_by_containerd()  # the replacement keeps containerd's configuration
-    assert sandbox.leftovers(base) == []
+    assert cleanup.leftovers(base) == []
 
 
 def test_cdi_device_references_on_containerd_2_1(
@@ -241,7 +241,7 @@ def test_cdi_device_references_on_containerd_2_1(
     nodes = device_nodes(sections(out)["dev"])
     assert {"nvidia1", "nvidia3", "nvidiactl"} <= set(nodes) and "nvidia0" not in nodes
     assert "LD_PRELOAD=/usr/lib/mokka/libmokka-sysfs.so" in sections(out)["env"]  # from the spec's edits
-    assert sandbox.leftovers(base) == []
+    assert cleanup.leftovers(base) == []
 
 
 # ---- allocator external: a device plugin or DRA driver allocates
@@ -270,12 +270,12 @@ def external_node(
             yield box, plugin
         finally:
             plugin.stop()
-    assert sandbox.leftovers(base) == []
+    assert cleanup.leftovers(base) == []
 
 
 def probe(box: sandbox.Sandbox, **kw: object) -> str:
     pod = box.run_pod(f"p{time.monotonic_ns() % 10**8}")
-    result = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", PROBE], **kw)
+    result = box.run_container(pod, images.WORKLOAD_IMAGE, ["sh", "-c", PROBE], **kw)
     box.remove_pod(pod)
     return result.logs
 

@@ -51,7 +51,12 @@ class Consumer:
         assert self.proc.stdout.readline().strip() == "ready", self.proc.stderr.read() if self.proc.stderr else ""
 
     def lines(self) -> list[list[str]]:
-        out, err = self.proc.communicate(timeout=180)
+        # Read through the same buffered reader as "ready": lines printed right after it may be
+        # in its buffer already, where communicate() (reading the pipe itself) would miss them.
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        out = self.proc.stdout.read()
+        err = self.proc.stderr.read()
+        self.proc.wait(timeout=180)
         assert self.proc.returncode == 0, err
         return [line.split() for line in out.splitlines()]
 

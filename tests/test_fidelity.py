@@ -112,6 +112,11 @@ def test_strict_counts_what_the_lenient_rule_skipped() -> None:
         ("gpu_reset_status/reset_required", "host"),
         ("pci/pci_bus_id", "identity"),
         ("driver_version", "host"),
+        ("mig_devices/mig_device[2]/gpu_instance_id", "mig"),
+        ("mig_devices/mig_device[0]/device_attributes/shared/multiprocessor_count", "mig"),
+        ("mig_devices/mig_device[0]/fb_memory_usage/total", "mig"),
+        ("mig_devices/mig_device[0]/fb_memory_usage/used", "live"),
+        ("mig_mode/current_mig", "config"),
     ],
 )
 def test_field_classes(path: str, cls: str) -> None:

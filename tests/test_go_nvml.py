@@ -8,27 +8,24 @@ and GFD rely on: MIG enumeration says NOT_FOUND, handles by UUID, topology, even
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import Staged
 
-from testbed import gotool
+from testbed import prepare, versions
 
 pytestmark = pytest.mark.consumers
 
-PROBE_DIR = Path(__file__).parent / "go-nvml"
-
 
 @pytest.fixture(scope="session")
-def probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("go") / "nvmlprobe"
+def probe() -> Path:
+    """tests/go-nvml, built by `.ci/setup --tests` (testbed.prepare; rebuilt when its source changes)."""
     try:
-        return gotool.build(PROBE_DIR, out)
-    except subprocess.CalledProcessError as exc:
-        pytest.fail(f"go build failed:\n{exc.stderr[-3000:]}")
+        return prepare.go_binary(versions.GO_NVML_PROBE)
+    except prepare.NotPrepared as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.mark.parametrize("name", ["h100", "b200", "l40s", "t4"])

@@ -100,12 +100,6 @@ def test_legacy_capture_elements() -> None:
     assert p2000["clocks"]["supported"][2]["graphics"][0] == 607  # an uneven list kept as listed
 
 
-def test_mig_layout_reported() -> None:
-    result = importer.import_capture(CAPTURES / "public" / "qx-a100-sxm4-80gb-mig.xml")
-    assert result.data["gpu"]["modes"]["mig"] is True
-    assert any("MIG layout not imported (4 MIG devices" in n for n in result.notes)
-
-
 def test_completing_files(tmp_path: Path) -> None:
     """The NVML dump fills what the XML lacks (CUDA cores, bus width, memory max), the
     --query-gpu CSV the compute capability, the -q text a part number the XML shows N/A."""

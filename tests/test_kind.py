@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed import versions
+
 REPO = Path(__file__).resolve().parent.parent
 KIND = REPO / "kind"
 CHART = REPO / "charts" / "mokka"
@@ -123,9 +125,8 @@ def test_bootstrap_matches_repo() -> None:
     for step in ("docker build", "load docker-image", "upgrade --install mokka", "nvidia-smi -L", "GPU [0-9]*:"):
         assert step in text, step
     assert '"$REPO/charts/mokka"' in text and (REPO / "Dockerfile").exists()
-    # The pinned helm is the one the chart tests build.
-    pinned = re.search(r'^HELM_VERSION = "(v[0-9.]+)"', (REPO / "tests" / "test_chart.py").read_text(), re.M)
-    assert pinned and f"HELM_VERSION={pinned.group(1)}" in text
+    # The pinned helm is the one the chart tests use.
+    assert f"HELM_VERSION={versions.HELM.version}" in text
 
 
 def test_bootstrap_values_exist() -> None:

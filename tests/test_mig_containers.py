@@ -23,7 +23,7 @@ from test_e2e_cdi import device_nodes, sections
 import cdi
 from gpumodel import mig_state, nodelayout, profile
 from hostsetup import node
-from testbed import nvidia_smi, sandbox
+from testbed import cleanup, images, nvidia_smi, sandbox
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 
@@ -119,15 +119,15 @@ def containerd(
 ) -> Iterator[sandbox.Sandbox]:
     spec_path = cdi.write(spec, tmp_path_factory.mktemp("cdi"))
     needs = [nvidia_smi.fetch("550"), Path(mig_node.library)]
-    rootfs = sandbox.make_rootfs(tmp_path_factory.mktemp("workload") / "rootfs", programs=needs)
-    image = sandbox.oci_archive(rootfs, tmp_path_factory.mktemp("images") / "workload.tar", sandbox.WORKLOAD_IMAGE)
+    rootfs = images.make_rootfs(tmp_path_factory.mktemp("workload") / "rootfs", programs=needs)
+    image = images.oci_archive(rootfs, tmp_path_factory.mktemp("images") / "workload.tar", images.WORKLOAD_IMAGE)
     base = tmp_path_factory.mktemp("sb")
     shutil.rmtree(base)
     box = sandbox.Sandbox(base, request.param, cdi_dirs=[spec_path.parent])
     with box:
         box.import_image(image)
         yield box
-    assert sandbox.leftovers(base) == []
+    assert cleanup.leftovers(base) == []
 
 
 def listed(output: str) -> list[str]:
@@ -143,7 +143,7 @@ def test_a_container_sees_only_its_slice(
     for k, name in enumerate(["0:1", devices[3].uuid]):
         want = devices[1] if name == "0:1" else devices[3]
         res = containerd.run_container(
-            pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", PROBE], name=f"slice{k}", cdi_devices=[f"nvidia.com/gpu={name}"]
+            pod, images.WORKLOAD_IMAGE, ["sh", "-c", PROBE], name=f"slice{k}", cdi_devices=[f"nvidia.com/gpu={name}"]
         )
         assert res.exit_code == 0, res.logs
         assert listed(res.logs) == [gpu_line, f"  MIG {want.profile:<12}Device  0: (UUID: {want.uuid})"], res.logs
@@ -161,14 +161,14 @@ def test_visible_devices_forms_inside_a_container(
     view to that MIG device, as a runtime's variable does on a real node."""
     pod = containerd.run_pod("mig-env")
     everything = containerd.run_container(
-        pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", PROBE], name="all", cdi_devices=["nvidia.com/gpu=all"]
+        pod, images.WORKLOAD_IMAGE, ["sh", "-c", PROBE], name="all", cdi_devices=["nvidia.com/gpu=all"]
     )
     assert len([ln for ln in listed(everything.logs) if ln.startswith("  MIG")]) == 4, everything.logs
     assert len([ln for ln in listed(everything.logs) if ln.startswith("GPU")]) == 2, everything.logs
     for k, value in enumerate([devices[2].uuid, "0:2"]):
         res = containerd.run_container(
             pod,
-            sandbox.WORKLOAD_IMAGE,
+            images.WORKLOAD_IMAGE,
             ["sh", "-c", PROBE],
             name=f"env{k}",
             cdi_devices=["nvidia.com/gpu=all"],

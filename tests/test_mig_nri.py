@@ -118,14 +118,14 @@ def mig_node_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.mark.slow
 @pytest.mark.root
 def test_plugin_injects_one_mig_device(mig_node_root: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    from testbed import nvidia_smi, sandbox
+    from testbed import cleanup, images, nvidia_smi, sandbox
     from testbed.plugin_process import PluginProcess
 
     layout = nodelayout.NodeLayout.load(mig_node_root)
     want = mig_state.read(Path(layout.state))[0].devices[2]
     needs = [nvidia_smi.fetch("550"), Path(layout.library)]
-    rootfs = sandbox.make_rootfs(tmp_path_factory.mktemp("workload") / "rootfs", programs=needs)
-    image = sandbox.oci_archive(rootfs, tmp_path_factory.mktemp("images") / "w.tar", sandbox.WORKLOAD_IMAGE)
+    rootfs = images.make_rootfs(tmp_path_factory.mktemp("workload") / "rootfs", programs=needs)
+    image = images.oci_archive(rootfs, tmp_path_factory.mktemp("images") / "w.tar", images.WORKLOAD_IMAGE)
     base = tmp_path_factory.mktemp("sb")
     shutil.rmtree(base)
     with sandbox.Sandbox(base, "2.1", nri=True) as box:
@@ -134,7 +134,7 @@ def test_plugin_injects_one_mig_device(mig_node_root: Path, tmp_path_factory: py
         try:
             plugin.wait_registered()
             pod = box.run_pod("mig-nri", annotations={"mokka.io/gpus": "0:2"})
-            res = box.run_container(pod, sandbox.WORKLOAD_IMAGE, ["sh", "-c", PROBE], name="slice")
+            res = box.run_container(pod, images.WORKLOAD_IMAGE, ["sh", "-c", PROBE], name="slice")
         finally:
             plugin.stop()
     assert res.exit_code == 0, res.logs
@@ -142,7 +142,7 @@ def test_plugin_injects_one_mig_device(mig_node_root: Path, tmp_path_factory: py
         f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {layout.gpus[0].uuid})",
         f"  MIG {want.profile:<12}Device  0: (UUID: {want.uuid})",
     ], res.logs
-    assert sandbox.leftovers(base) == []
+    assert cleanup.leftovers(base) == []
 
 
 def test_the_plugin_reads_the_layout_through_nvml(stage_mig: object) -> None:

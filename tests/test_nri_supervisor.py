@@ -180,10 +180,11 @@ def test_restart_delays_grow_only_for_plugins_that_never_registered() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--idx", "1"], "--idx '1': a plugin index is exactly two digits"),
+        (["--idx", "1"], "argument --idx: '1' is not two digits"),
+        (["--name", "a/b"], "argument --name: 'a/b' is not a usable plugin name"),
         (["--mode", "some"], "argument --mode: invalid choice"),
         (["--allocator", "kubelet"], "argument --allocator: invalid choice"),
-        (["--health-addr", "nonsense"], "--health-addr 'nonsense': expected HOST:PORT"),
+        (["--health-addr", "nonsense"], "argument --health-addr: 'nonsense' is not HOST:PORT"),
         (["--log-file", "/nonexistent/dir/log"], "--log-file /nonexistent/dir/log: No such file or directory"),
     ],
 )

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Staged
+from conftest import Staged, tool
 from test_profile import BUILTINS
 
 from gpumodel import state
@@ -153,7 +152,7 @@ def test_foreign_layout_version_fails_cleanly(tmp_path: Path, stage: Callable[..
 
 def test_nvitop_once(stage: Callable[..., Staged]) -> None:
     staged = stage("h100", 4)
-    exe = shutil.which("nvitop") or pytest.fail("nvitop is not installed")
+    exe = tool("nvitop") or pytest.fail("nvitop is not installed (pip install -e '.[test]')")
     res = staged.run([exe, "--once", "--only", "0", "1", "2", "3"], check=False, TERM="xterm", COLUMNS="160")
     assert res.returncode == 0, res.stdout + res.stderr
     assert staged.profile.gpu.name.removeprefix("NVIDIA ") in res.stdout  # nvitop drops the brand

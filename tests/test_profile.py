@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -136,3 +139,94 @@ def test_cli_driver_root_bad_profile_writes_nothing(tmp_path: Path) -> None:
     assert res.returncode == 1
     assert "gpu" in res.stderr
     assert not out.exists()
+
+
+def _h100(tmp_path: Path, name: str, change: Callable[[dict[str, Any]], None]) -> Path:
+    data = yaml.safe_load((Path(profile.__file__).parent / "profiles" / "h100.yaml").read_text())
+    change(data)
+    f = tmp_path / name
+    f.write_text(yaml.safe_dump(data))
+    return f
+
+
+def _process(pid: int) -> Callable[[dict[str, Any]], None]:
+    return lambda d: d.setdefault("gpus", {}).__setitem__(
+        1, {"processes": [{"pid": pid, "name": "x", "used_memory_mib": 1}]}
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "message"),
+    [
+        ("pid-huge.yaml", _process(2**40), r"gpus\.1\.processes\.0\.pid: .*less than or equal to 2147483647"),
+        ("pid-zero.yaml", _process(0), r"gpus\.1\.processes\.0\.pid: .*greater than or equal to 1"),
+        (
+            "used.yaml",
+            lambda d: d["gpu"]["memory"].__setitem__("used_mib", 90000),
+            r"gpu\.memory: used_mib \(90000\) \+ reserved_mib \(480\) exceed total_mib \(81559\)",
+        ),
+        (
+            "override.yaml",
+            lambda d: d.update(gpu_count=2, gpus={5: {"temperature": {"gpu": 80}}}),
+            r"gpus\.5: no such GPU \(gpu_count 2: indices 0\.\.1\)",
+        ),
+    ],
+)
+def test_bad_values_are_one_line_errors_and_change_nothing(
+    tmp_path: Path, name: str, change: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    f = _h100(tmp_path, name, change)
+    before = sorted(tmp_path.iterdir())
+    res = mokka("profile", "validate", str(f), cwd=tmp_path)
+    assert res.returncode == 1 and res.stdout == ""
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mokka: error: {f}: "), res.stderr
+    assert re.search(message, lines[0]), lines[0]
+    assert sorted(tmp_path.iterdir()) == before
+    out = tmp_path / "root"
+    res = mokka("driver-root", "--profile", str(f), "--out", str(out))
+    assert res.returncode == 1 and "Traceback" not in res.stderr and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x7fELF\x02\x01\x01\x00\xff\xfe\x00\x00", r"not a UTF-8 text file \(byte 0xff at offset 8\)"),
+        (b"name: x\x00\x01\x02", r"not a text file \(character #x00 at offset 7\)"),
+        ("name: \u00e9\u00e9\n".encode("latin-1"), r"not a UTF-8 text file \(byte 0xe9 at offset 6\)"),
+        (b"", r"empty \(a profile is a YAML mapping: name, gpu, \.\.\.\)"),
+    ],
+)
+def test_binary_and_non_utf8_files(tmp_path: Path, content: bytes, message: str) -> None:
+    f = tmp_path / "blob.yaml"
+    f.write_bytes(content)
+    res = mokka("profile", "validate", str(f), cwd=tmp_path)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert len(res.stderr.splitlines()) == 1 and re.fullmatch(
+        rf"mokka: error: {re.escape(str(f))}: {message}\n", res.stderr
+    )
+    assert f.read_bytes() == content and sorted(tmp_path.iterdir()) == [f]
+
+
+def test_fewer_gpus_drop_overrides_beyond_the_count() -> None:
+    b200 = profile.load("b200")
+    assert max(b200.gpus) == 7
+    two = b200.with_count(2)
+    assert sorted(two.gpus) == [1] and two.gpus[1] == b200.gpus[1]
+    assert [d.spec for d in two.devices()] == [d.spec for d in b200.devices()[:2]]
+    res = mokka("profile", "show", "b200", "--gpus", "2", "--resolved", "--format", "json")
+    assert res.returncode == 0, res.stderr
+
+
+def test_validate_reports_every_file(tmp_path: Path) -> None:
+    good = _h100(tmp_path, "good.yaml", lambda d: None)
+    bad = _h100(tmp_path, "bad.yaml", lambda d: d["gpu"]["memory"].__setitem__("used_mib", 90000))
+    res = mokka("profile", "validate", str(bad), str(good))
+    assert res.returncode == 1
+    assert f"{good}: ok (8x NVIDIA H100 80GB HBM3)" in res.stdout
+    assert res.stderr.count("mokka: error: ") == 1 and str(bad) in res.stderr
+
+
+def test_a_device_is_not_read_as_a_profile() -> None:
+    res = mokka("profile", "show", "/dev/zero")  # would never end
+    assert res.returncode == 1 and res.stderr == "mokka: error: /dev/zero: not a regular file\n"

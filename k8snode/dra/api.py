@@ -22,7 +22,7 @@ try:
 except ImportError as exc:
     raise BindingsMissing(
         f"the kubelet API bindings (k8snode/dra/_pb) are missing ({exc}): run `python -m testbed.kubelet_api` "
-        "(or .ci/setup)"
+        "(or .ci/setup --tests)"
     ) from None
 
 registration: Any = _registration

@@ -15,7 +15,9 @@ def bench() -> None:
 
 
 @bench.command("nvml")
-@click.option("--profile", "profile_name", default="h100", show_default=True)
+@click.option(
+    "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
+)
 @GPUS_OPTION
 @click.option(
     "--nvidia-smi",
@@ -24,7 +26,7 @@ def bench() -> None:
     default=None,
     help="nvidia-smi binary to time (default: search the cache and PATH).",
 )
-@click.option("--calls", default=1_000_000, show_default=True, help="Calls per getter.")
+@click.option("--calls", type=click.IntRange(min=1), default=1_000_000, show_default=True, help="Calls per getter.")
 def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int) -> None:
     """The mock library: ns per call, nvmlInit time, nvidia-smi wall time and RSS, size."""
     from testbed import bench as benchmarks
@@ -43,17 +45,47 @@ def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int)
     show_default=True,
     help="containerd version(s), each in its own private sandbox.",
 )
-@click.option("--rounds", default=5, show_default=True, help="Interleaved rounds (no plugin / CDI edits / plugin).")
-@click.option("--creates", default=100, show_default=True, help="CreateContainer calls per round and side.")
-@click.option("--restarts", default=10, show_default=True, help="containerd restarts to time re-registration.")
-@click.option("--kills", default=5, show_default=True, help="SIGKILLs and SIGSTOPs of the plugin to time its return.")
 @click.option(
-    "--sync-containers", default=500, show_default=True, help="Containers on the node for Synchronize (0: skip)."
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Interleaved rounds (no plugin / CDI edits / plugin).",
+)
+@click.option(
+    "--creates",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="CreateContainer calls per round and side.",
+)
+@click.option(
+    "--restarts",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="containerd restarts to time re-registration.",
+)
+@click.option(
+    "--kills",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="SIGKILLs and SIGSTOPs of the plugin to time its return.",
+)
+@click.option(
+    "--sync-containers",
+    type=click.IntRange(min=0),
+    default=500,
+    show_default=True,
+    help="Containers on the node for Synchronize (0: skip).",
 )
 @click.option(
     "--chaos", is_flag=True, help="Also: random SIGKILL/SIGSTOP of the plugin during --chaos-creates creates."
 )
-@click.option("--chaos-creates", default=200, show_default=True)
+@click.option(
+    "--chaos-creates", type=click.IntRange(min=1), default=200, show_default=True, help="Creates during --chaos."
+)
 @click.option("--seed", type=int, default=None, help="Seed of the chaos (default: random).")
 @click.option(
     "--previous",
@@ -100,8 +132,16 @@ def bench_nri(
 
 
 @bench.command("host-setup")
-@click.option("--profile", "profile_name", default="h100", show_default=True)
-@click.option("--rounds", default=5, show_default=True)
+@click.option(
+    "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Setups per GPU count (the median is shown).",
+)
 def bench_host_setup(profile_name: str, rounds: int) -> None:
     """`mokka host setup` wall time for 8 and 64 GPUs (fresh root each round, then cleanup)."""
     from testbed import bench as benchmarks
@@ -110,7 +150,9 @@ def bench_host_setup(profile_name: str, rounds: int) -> None:
 
 
 @bench.command("fault")
-@click.option("--profile", "profile_name", default="h100", show_default=True)
+@click.option(
+    "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
+)
 @GPUS_OPTION
 @click.option("--cli-rounds", type=click.IntRange(1, 10_000), default=20, show_default=True,
               help="`mokka fault` invocations timed (a process each).")  # fmt: skip

@@ -147,7 +147,9 @@ def status_cmd(base: Path) -> None:
 
 
 @bench.command("cluster")
-@click.option("--profile", "profile_name", default="h100", show_default=True)
+@click.option(
+    "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
+)
 @click.option(
     "--ups",
     type=click.IntRange(1, 50),

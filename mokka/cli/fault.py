@@ -164,6 +164,7 @@ def lost() -> dict[str, Any]:
     type=click.Choice(["dram", "sram", "l1", "l2", "register_file", "texture", "texture_shm", "cbu"]),
     default="dram",
     show_default=True,
+    help="Where the errors happened (NVML's memory locations; DRAM errors are the ones that remap rows).",
 )
 @inject("ecc")
 def ecc(corrected: int, uncorrected: int, counter: str | None, location: str) -> dict[str, Any]:

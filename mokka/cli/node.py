@@ -134,7 +134,11 @@ def _debian_nvidia_smi(fetch: bool) -> Path | None:
 
 @host.command("cleanup")
 @click.option(
-    "--root", type=click.Path(file_okay=False, path_type=Path), default=Path("/var/lib/mokka"), show_default=True
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/lib/mokka"),
+    show_default=True,
+    help="Root given to `mokka host setup`.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Print every change undone.")
 def host_cleanup(root: Path, verbose: bool) -> None:

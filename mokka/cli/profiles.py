@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import yaml
 
-from .root import GPUS_OPTION, fail, load_profile, main
+from .root import GPUS_OPTION, error, fail, load_profile, main
 
 
 @main.group()
@@ -36,7 +36,9 @@ def profile_list() -> None:
 @profile.command("show")
 @click.argument("name_or_file")
 @GPUS_OPTION
-@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True, help="Output format."
+)
 @click.option("--resolved", is_flag=True, help="Print every GPU with overrides applied and identity filled in.")
 def profile_show(name_or_file: str, gpus: int | None, fmt: str, resolved: bool) -> None:
     """Print a profile (built-in NAME or a YAML FILE)."""
@@ -69,17 +71,19 @@ def profile_show(name_or_file: str, gpus: int | None, fmt: str, resolved: bool) 
 def profile_validate(files: tuple[str, ...]) -> None:
     """Validate profile FILES; print each problem with its field path."""
     from gpumodel import profile as profiles
-    from gpumodel.state import StateError
+    from gpumodel.state import StateError, compile_profile
 
     bad = 0
     for file in files:
         try:
             p = profiles.load(Path(file))
-            from gpumodel.state import compile_profile
-
             compile_profile(p)
-        except (profiles.ProfileError, StateError) as exc:
-            click.echo(str(exc), err=True)
+        except profiles.ProfileError as exc:
+            error(str(exc))
+            bad += 1
+            continue
+        except StateError as exc:
+            error(f"{file}: {exc}")
             bad += 1
             continue
         click.echo(f"{file}: ok ({p.gpu_count}x {p.gpu.name})")

@@ -59,8 +59,12 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
 
 
 @main.command("demo")
-@click.option("--profile", "profile_name", default="h100", show_default=True)
-@click.option("--gpus", type=click.IntRange(1, MAX_GPUS), default=8, show_default=True)
+@click.option(
+    "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
+)
+@click.option(
+    "--gpus", type=click.IntRange(1, MAX_GPUS), default=None, help="GPU count (default: the profile's gpu_count)."
+)
 @click.option(
     "--containerd",
     "version",
@@ -70,21 +74,26 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
 )
 @click.option("--keep", is_flag=True, help="Leave containerd, the plugin and the pod running.")
 @click.option("--stop", "stop_", is_flag=True, help="Tear down a demo left by --keep (or by a killed run).")
-def demo_cmd(profile_name: str, gpus: int, version: str | None, keep: bool, stop_: bool) -> None:
+def demo_cmd(profile_name: str, gpus: int | None, version: str | None, keep: bool, stop_: bool) -> None:
     """An unmodified container runs nvidia-smi and sees mock GPUs — no GPU, Kubernetes or Docker.
 
-    Fetches what is missing (containerd, runc, nvidia-smi from Debian; crictl from the Go
-    module proxy) into ~/.cache/mokka, stages a mock node, starts a private containerd with
-    NRI and the Mokka plugin, creates a pod through CRI and prints the container's
-    nvidia-smi. Everything is torn down afterwards (also on Ctrl-C) unless --keep. Needs root.
+    Fetches what is missing (containerd, runc, nvidia-smi and busybox from Debian) into the
+    cache (~/.cache/mokka, or $MOKKA_CACHE), stages a mock node with the profile's GPUs, starts
+    a private containerd with NRI and the Mokka plugin, creates a pod through CRI and prints
+    the container's nvidia-smi. Everything is torn down afterwards (also on Ctrl-C) unless
+    --keep. Needs root.
     """
     import logging
 
     from testbed import demo
+    from testbed.command import SandboxError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if stop_:
-        left = demo.stop()
+        try:
+            left = demo.stop()
+        except demo.DemoError as exc:
+            fail(str(exc))
         if left:
             fail("could not remove: " + "; ".join(left))
         click.echo("demo stopped; nothing left behind")
@@ -93,6 +102,8 @@ def demo_cmd(profile_name: str, gpus: int, version: str | None, keep: bool, stop
         code = demo.run(demo.Options(profile=profile_name, gpus=gpus, containerd=version, keep=keep))
     except demo.DemoError as exc:
         fail(str(exc))
+    except SandboxError as exc:  # containerd failed us midway
+        fail(f"{exc}\neverything the demo started was torn down")
     except KeyboardInterrupt:
         click.echo("\ninterrupted: everything the demo started was torn down", err=True)
         sys.exit(130)

@@ -27,13 +27,15 @@ enum { CLOCK_SM = 1, CLOCK_MEM = 2 }; /* the record's clock tables, indexed as n
 
 static int khz(uint32_t mhz) { return mokka_is_na(mhz) || mhz == (uint32_t)MOKKA_DEPRECATED ? 0 : (int)(mhz * 1000); }
 
-CUresult mokka_cuda_attribute(const mokka_gpu_t *g, CUdevice_attribute attr, int *out) {
+CUresult mokka_cuda_attribute(const mokka_cuda_device_t *d, const mokka_gpu_t *g, CUdevice_attribute attr, int *out) {
     const cc_limits_t *cc = limits(g);
     int v;
     switch (attr) {
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = (int)g->cc_major; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = (int)g->cc_minor; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = (int)g->multiprocessor_count; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: /* a MIG device: its compute instance's */
+        v = (int)(d->is_mig ? d->multiprocessors : g->multiprocessor_count);
+        break;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = (int)g->pci_bus; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = (int)g->pci_device; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = (int)g->pci_domain; break;

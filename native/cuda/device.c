@@ -1,16 +1,20 @@
-/* Per-device queries: name, UUID, memory, PCI location, attributes. */
+/* Per-device queries: name, UUID, memory, PCI location, attributes (a MIG device's own name,
+ * UUID, memory and SMs; the rest its parent's). */
 #include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
 
+/* A MIG device is named after its parent and its compute instance's profile, "NVIDIA
+ * A100-SXM4-80GB MIG 1g.10gb" (as CUDA and PyTorch report it on real nodes). */
 EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-    CUDA_GPU(dev, g);
+    CUDA_DEVICE(dev, d, g);
+    const char *text = d->is_mig ? d->name : g->name;
+    size_t n = strnlen(text, d->is_mig ? sizeof d->name : sizeof g->name);
     /* Truncated to fit, as the real driver does. */
-    size_t n = strnlen(g->name, sizeof g->name);
     if (n >= (size_t)len) n = (size_t)len - 1;
-    memcpy(name, g->name, n);
+    memcpy(name, text, n);
     name[n] = '\0';
     return CUDA_SUCCESS;
 }
@@ -22,10 +26,10 @@ static int nibble(char c) {
     return -1;
 }
 
-/* "GPU-8b3a...": the 16 bytes behind the text form. */
-static CUresult uuid_bytes(const mokka_gpu_t *g, CUuuid *uuid) {
-    const char *p = g->uuid;
-    if (strncmp(p, "GPU-", 4) == 0) p += 4;
+/* "GPU-8b3a...", "MIG-6d5f...": the 16 bytes behind the text form. */
+static CUresult uuid_bytes(const char *text, CUuuid *uuid) {
+    const char *p = text;
+    if (strncmp(p, "GPU-", 4) == 0 || strncmp(p, "MIG-", 4) == 0) p += 4;
     unsigned char out[16];
     unsigned n = 0;
     for (; *p && n < 32; p++) {
@@ -40,13 +44,19 @@ static CUresult uuid_bytes(const mokka_gpu_t *g, CUuuid *uuid) {
     return CUDA_SUCCESS;
 }
 
+/* The first entry point answers a MIG device's parent's UUID; _v2 (CUDA 11.4) the MIG device's
+ * own, "which uniquely identifies the subscribed MIG compute instance" (CUDA driver API). */
 EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
     CUDA_GPU(dev, g);
-    return uuid_bytes(g, uuid);
+    return uuid_bytes(g->uuid, uuid);
 }
-/* _v2 differs only for MIG devices (their own UUID instead of the parent's). */
-EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_DEVICE(dev, d, g);
+    return uuid_bytes(d->is_mig ? d->uuid : g->uuid, uuid);
+}
 
 EXPORT CUresult cuDeviceGetLuid(char *luid, unsigned int *mask, CUdevice dev) {
     (void)luid;
@@ -56,25 +66,31 @@ EXPORT CUresult cuDeviceGetLuid(char *luid, unsigned int *mask, CUdevice dev) {
     return CUDA_ERROR_NOT_SUPPORTED; /* Windows only */
 }
 
+/* A MIG device's memory is its GPU instance's (an A100-SXM4-80GB 1g.10gb: 9728 MiB). */
+static uint64_t total_memory(const mokka_cuda_device_t *d, const mokka_gpu_t *g) {
+    return d->is_mig ? d->memory : g->mem_total;
+}
+
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
-    CUDA_GPU(dev, g);
-    *bytes = (size_t)g->mem_total;
+    CUDA_DEVICE(dev, d, g);
+    *bytes = (size_t)total_memory(d, g);
     return CUDA_SUCCESS;
 }
 
 /* The CUDA 2.x entry point answers in 32 bits. */
 EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
-    CUDA_GPU(dev, g);
-    *bytes = g->mem_total > 0xFFFFFFFFu ? 0xFFFFFFFFu : (unsigned int)g->mem_total;
+    CUDA_DEVICE(dev, d, g);
+    uint64_t total = total_memory(d, g);
+    *bytes = total > 0xFFFFFFFFu ? 0xFFFFFFFFu : (unsigned int)total;
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attr, CUdevice dev) {
     if (!value) return CUDA_ERROR_INVALID_VALUE;
-    CUDA_GPU(dev, g);
-    return mokka_cuda_attribute(g, attr, value);
+    CUDA_DEVICE(dev, d, g);
+    return mokka_cuda_attribute(d, g, attr, value);
 }
 
 EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev) {
@@ -103,8 +119,8 @@ EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *bus_id) {
     CUDA_NEED_INIT();
     unsigned dom, bus, device, fn = 0;
     if (sscanf(bus_id, "%x:%x:%x.%x", &dom, &bus, &device, &fn) < 3) return CUDA_ERROR_INVALID_VALUE;
-    for (unsigned i = 0; i < g_cuda.count; i++) {
-        const mokka_gpu_t *g = mokka_gpu_now(g_cuda.slots[i]);
+    for (unsigned i = 0; i < g_cuda.count; i++) { /* a GPU's MIG devices share its bus id: the first */
+        const mokka_gpu_t *g = mokka_gpu_now(g_cuda.devices[i].slot);
         if (g->pci_domain == dom && g->pci_bus == bus && g->pci_device == device && g->pci_function == fn) {
             *dev = (CUdevice)i;
             return CUDA_SUCCESS;

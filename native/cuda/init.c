@@ -1,6 +1,6 @@
-/* cuInit and enumeration: find the node's state, decide which GPUs this process sees
- * (NVIDIA_VISIBLE_DEVICES and device nodes, as the NVML mock does, then
- * CUDA_VISIBLE_DEVICES), hand out ordinals. */
+/* cuInit: find the node's state and enumerate the devices this process sees (enumerate.c:
+ * GPUs and MIG devices, NVIDIA_VISIBLE_DEVICES and device nodes as the NVML mock has them, then
+ * CUDA_VISIBLE_DEVICES), once; the version and device count. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <limits.h>
@@ -31,49 +31,13 @@ static int state_carrier(char *out, size_t size) {
     return sym ? mokka_library_file(sym, out, size) : -1;
 }
 
-/* CUDA_VISIBLE_DEVICES: ordinals (of what NVIDIA_VISIBLE_DEVICES left) or GPU UUIDs
- * (prefixes accepted), comma-separated; an entry that matches nothing ends the list, as
- * the real driver does. */
-static unsigned apply_cuda_visible(const char *list, unsigned *slots, unsigned n) {
-    unsigned chosen[MOKKA_MAX_GPUS], count = 0;
-    const char *p = list;
-    while (*p && count < n) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        char item[96];
-        if (len >= sizeof item) len = sizeof item - 1;
-        memcpy(item, p, len);
-        item[len] = '\0';
-        char *rest;
-        long idx = strtol(item, &rest, 10);
-        int found = -1;
-        if (rest != item && *rest == '\0') {
-            if (idx >= 0 && (unsigned long)idx < n) found = (int)idx;
-        } else if (len) {
-            for (unsigned i = 0; i < n && found < 0; i++)
-                if (strncmp(mokka_gpu_now(slots[i])->uuid, item, len) == 0) found = (int)i;
-        }
-        if (found < 0) break;
-        int dup = 0;
-        for (unsigned k = 0; k < count; k++) dup |= chosen[k] == slots[found];
-        if (dup) break;
-        chosen[count++] = slots[found];
-        if (!end) break;
-        p = end + 1;
-    }
-    memcpy(slots, chosen, count * sizeof *slots);
-    return count;
-}
-
 CUresult mokka_cuda_init(void) {
     pthread_mutex_lock(&g_lock);
     if (!g_cuda.initialized && g_cuda.init_result == CUDA_SUCCESS) {
         char carrier[PATH_MAX];
         switch (mokka_map_state(state_carrier(carrier, sizeof carrier) == 0 ? carrier : NULL)) {
         case MOKKA_MAP_OK: {
-            g_cuda.count = mokka_visible_slots(g_cuda.slots);
-            const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
-            if (cvd) g_cuda.count = apply_cuda_visible(cvd, g_cuda.slots, g_cuda.count);
+            g_cuda.count = mokka_cuda_enumerate();
             if (g_cuda.count == 0) {
                 g_cuda.init_result = CUDA_ERROR_NO_DEVICE;
                 mokka_unmap_state();

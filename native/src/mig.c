@@ -12,23 +12,21 @@
  * CI id]): a handle names an instance by position, and is valid while that instance exists.
  * MIG device handles are struct nvmlDevice_st entries (filled at nvmlInit with their parent's
  * slot) so that getters not specific to MIG answer for the parent. Which MIG devices a process
- * sees: NVIDIA_VISIBLE_DEVICES (GPU indices/UUIDs: all of a GPU's; MIG-<uuid>, <gpu>:<mig>: just
- * those), and inside a container (where the node's /dev/nvidiaN exist) only those whose GI and
- * CI capability nodes exist in /dev/nvidia-caps, as the driver allows access. */
+ * sees (NVIDIA_VISIBLE_DEVICES, capability nodes in a container) is common/mig_view.c's, which
+ * the mock libcuda shares. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "../common/mig_ids.h"
+#include "../common/mig_view.h"
 #include "../common/state_write.h"
 #include "internal.h"
 
 #define GI_IDS (MOKKA_MIG_MAX_GI_ID + 1)
 #define CI_IDS (MOKKA_MIG_MAX_CI_ID + 1)
-#define CAP_MINORS (3 + 135 * 32)
 
 struct nvmlGpuInstance_st {
     uint32_t unused;
@@ -41,97 +39,21 @@ struct nvmlDevice_st g_mokka_mig_devices[MOKKA_MAX_GPUS][GI_IDS][CI_IDS];
 static struct nvmlGpuInstance_st g_gi_handles[MOKKA_MAX_GPUS][GI_IDS];
 static struct nvmlComputeInstance_st g_ci_handles[MOKKA_MAX_GPUS][GI_IDS][CI_IDS];
 
-/* Which MIG devices this process sees (set at nvmlInit). */
-static struct {
-    int by_caps;                         /* in a container: only those with capability nodes */
-    unsigned char caps[(CAP_MINORS + 7) / 8];
-    int by_list;                         /* NVIDIA_VISIBLE_DEVICES names devices */
-    uint64_t whole;                      /* slots listed as whole GPUs */
-    unsigned n_uuids;
-    char uuids[MOKKA_MAX_GPUS][48];
-} g_view;
-
 static unsigned clamp(unsigned v, unsigned max) { return v < max ? v : max; }
 static int overlaps(unsigned a, unsigned alen, unsigned b, unsigned blen) { return a < b + blen && b < a + alen; }
-static unsigned cap_minor(unsigned gpu_minor, unsigned gi) { return 3 + 135 * gpu_minor + 9 * gi; }
-static int cap_present(unsigned minor) { return minor < CAP_MINORS && (g_view.caps[minor / 8] >> (minor % 8) & 1); }
 
-/* ---- visibility, set up at nvmlInit ------------------------------------------------ */
-
-static void scan_caps(void) {
-    DIR *dir = opendir("/dev/nvidia-caps");
-    if (!dir) return;
-    struct dirent *e;
-    while ((e = readdir(dir))) {
-        unsigned minor;
-        char tail;
-        if (sscanf(e->d_name, "nvidia-cap%u%c", &minor, &tail) == 1 && minor < CAP_MINORS)
-            g_view.caps[minor / 8] |= (unsigned char)(1u << (minor % 8));
-    }
-    closedir(dir);
-}
-
-static void read_visible_list(void) {
-    const char *env = getenv("NVIDIA_VISIBLE_DEVICES");
-    if (!env || !strcmp(env, "all")) return;
-    g_view.by_list = 1;
-    for (const char *p = env; *p;) {
-        const char *end = strchr(p, ',');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        while (n && *p == ' ') p++, n--;
-        while (n && p[n - 1] == ' ') n--;
-        for (unsigned v = 0; n && v < g_mokka.visible_count; v++) {
-            const mokka_gpu_t *g = mokka_handle_gpu(&g_mokka.devices[v]);
-            unsigned gi, ci;
-            char item[128];
-            snprintf(item, sizeof item, "%.*s", (int)n, p);
-            char *rest;
-            unsigned long idx = strtoul(item, &rest, 10);
-            if (mokka_mig_item(p, n, g, &gi, &ci)) {
-                for (unsigned i = 0; i < clamp(g->mig.n_gis, MOKKA_MIG_MAX_GIS); i++)
-                    for (unsigned j = 0; j < clamp(g->mig.gis[i].n_cis, MOKKA_MIG_MAX_CIS); j++)
-                        if (g->mig.gis[i].id == gi && g->mig.gis[i].ci[j].id == ci && g_view.n_uuids < MOKKA_MAX_GPUS)
-                            memcpy(g_view.uuids[g_view.n_uuids++], g->mig.gis[i].ci[j].uuid, 48);
-            } else if ((*rest == '\0' && rest != item && idx == g->index) || (n > 4 && !strncmp(g->uuid, item, n))) {
-                g_view.whole |= 1ull << g_mokka.devices[v].slot;
-            }
-        }
-        if (!end) break;
-        p = end + 1;
-    }
-}
+/* ---- set up at nvmlInit --------------------------------------------------------------- */
 
 void mokka_mig_reset(void) {
-    memset(&g_view, 0, sizeof g_view);
-    int in_container = 0;
+    unsigned slots[MOKKA_MAX_GPUS];
     for (unsigned v = 0; v < g_mokka.visible_count; v++) {
         for (unsigned i = 0; i < GI_IDS; i++)
             for (unsigned c = 0; c < CI_IDS; c++)
                 g_mokka_mig_devices[v][i][c] = (struct nvmlDevice_st){MOKKA_MIG_HANDLE_MAGIC, v, g_mokka.devices[v].slot,
                                                                        i << 8 | c};
-        char node[64];
-        snprintf(node, sizeof node, "/dev/nvidia%u", mokka_handle_gpu(&g_mokka.devices[v])->minor_number);
-        in_container |= access(node, F_OK) == 0;
+        slots[v] = g_mokka.devices[v].slot;
     }
-    if (in_container && !getenv("MOKKA_IGNORE_DEVICE_NODES")) {
-        g_view.by_caps = 1;
-        scan_caps();
-    }
-    read_visible_list();
-}
-
-/* Whether this process sees CI `c` of GI `gi` on the GPU in `slot` (record `g`). */
-static int sees(const mokka_gpu_t *g, unsigned slot, const mokka_gi_t *gi, const mokka_ci_t *c) {
-    if (g_view.by_list && !(g_view.whole >> slot & 1)) {
-        unsigned k = 0;
-        while (k < g_view.n_uuids && strncmp(g_view.uuids[k], c->uuid, sizeof c->uuid)) k++;
-        if (k == g_view.n_uuids) return 0;
-    }
-    if (g_view.by_caps) {
-        unsigned base = cap_minor(g->minor_number, gi->id);
-        if (!cap_present(base) || !cap_present(base + 1 + c->id)) return 0;
-    }
-    return 1;
+    mokka_mig_view_init(slots, g_mokka.visible_count); /* which MIG devices this process sees */
 }
 
 /* ---- reading the layout ------------------------------------------------------------ */
@@ -176,7 +98,7 @@ static int nth_device(const mokka_gpu_t *g, unsigned slot, unsigned index, unsig
         const mokka_gi_t *gi = &m->gis[i];
         for (unsigned j = 0; j < clamp(gi->n_cis, MOKKA_MIG_MAX_CIS); j++) {
             if (!ids_valid(gi->id, gi->ci[j].id)) continue; /* a corrupt record: no handle for it */
-            if ((g_view.by_list || g_view.by_caps) && !sees(g, slot, gi, &gi->ci[j])) continue;
+            if (!mokka_mig_visible(g, slot, gi, &gi->ci[j])) continue;
             if (k++ == index) {
                 *gi_id = gi->id;
                 *ci_id = gi->ci[j].id;
@@ -196,7 +118,7 @@ static int device_index(const mokka_gpu_t *g, unsigned slot, unsigned gi_id, uns
         const mokka_gi_t *gi = &m->gis[i];
         for (unsigned j = 0; j < clamp(gi->n_cis, MOKKA_MIG_MAX_CIS); j++) {
             if (!ids_valid(gi->id, gi->ci[j].id)) continue;
-            if ((g_view.by_list || g_view.by_caps) && !sees(g, slot, gi, &gi->ci[j])) continue;
+            if (!mokka_mig_visible(g, slot, gi, &gi->ci[j])) continue;
             if (gi->id == gi_id && gi->ci[j].id == ci_id) return k;
             k++;
         }
@@ -279,7 +201,7 @@ static int locate(const mokka_gpu_t *g, const where_t *w, const mokka_gi_t **gi,
     if (j < 0) return 0;
     *gi = &g->mig.gis[i];
     *ci = &g->mig.gis[i].ci[j];
-    return !(g_view.by_list || g_view.by_caps) || sees(g, w->parent->slot, *gi, *ci);
+    return mokka_mig_visible(g, w->parent->slot, *gi, *ci);
 }
 
 /* A MIG device handle this process may use (its instance still exists and is visible). */

@@ -3,8 +3,6 @@ etcd from Debian trixie; each built or fetched once into the cache, versions fro
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +51,7 @@ DEVICE_PLUGIN = gobuild.GoBuild(
 
 GO_BUILDS = (KUBERNETES, DEVICE_PLUGIN)
 CNI_DIR = "usr/lib/cni"
+CNI_PLUGINS = ("bridge", "host-local", "loopback")
 
 
 @dataclass(frozen=True)
@@ -74,36 +73,17 @@ class Binaries:
 
 
 def etcd(cache: Path | None = None) -> Path:
-    """Debian trixie's etcd server binary, fetched and unpacked once."""
-    cache = cache or debcache.default_cache()
+    """Debian trixie's etcd server binary, fetched and unpacked once (only the binary kept)."""
     deb = debcache.fetch(versions.ETCD_SUITE, [versions.ETCD_PACKAGE], cache)[versions.ETCD_PACKAGE]
-    dest = cache / "extract" / deb.stem
-    binary = dest / "usr" / "bin" / "etcd"
-    if not binary.exists():
-        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        debcache.extract(deb, tmp)
-        if not (tmp / "usr" / "bin" / "etcd").exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise debcache.FetchError(f"{deb.name} has no usr/bin/etcd")
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-    return binary
+    member = Path("usr/bin/etcd")
+    return debcache.unpacked(deb, member, cache, keep=[member])
 
 
 def cni_plugins(cache: Path | None = None) -> Path:
-    """Debian's CNI plugins (bridge, host-local, loopback), unpacked once into the cache."""
-    cache = cache or debcache.default_cache()
+    """Debian's CNI plugins the cluster uses (bridge, host-local, loopback), unpacked once; the others dropped."""
     deb = debcache.fetch(versions.CNI_SUITE, [versions.CNI_PACKAGE], cache)[versions.CNI_PACKAGE]
-    dest = cache / "extract" / deb.stem
-    bindir = dest / CNI_DIR
-    if not (bindir / "bridge").exists():
-        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        debcache.extract(deb, tmp)
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-    return bindir
+    keep = [Path(CNI_DIR) / name for name in CNI_PLUGINS]
+    return debcache.unpacked(deb, keep[0], cache, keep=keep).parent
 
 
 def cached(cache: Path | None = None) -> Binaries | None:

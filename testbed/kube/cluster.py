@@ -370,10 +370,8 @@ class Cluster:
             for tarball in images.build(layout.images, smi, cache):
                 self.import_image(tarball)
             self.wait("kube-apiserver /readyz", self._apiserver_ready)
-        external = options.allocator != "none" and options.nri_plugin
-        self.state.nri_external = external and nri_supports_external()
-        if external and not self.state.nri_external:
-            progress("note: this mokka nri-plugin has no --allocator external: pods without GPUs still get all")
+        # A device plugin or DRA driver allocates: the NRI plugin gives each container what it got.
+        self.state.nri_external = options.allocator != "none" and options.nri_plugin
         if options.nri_plugin:
             with self._step(progress, f"NRI plugin (allocator {'external' if self.state.nri_external else 'nri'})"):
                 self._start_nri(self.state.nri_external)
@@ -537,14 +535,6 @@ CONTROL_PLANE = ("kube-scheduler", "kube-controller-manager", "kube-apiserver", 
 
 def config_version() -> str:
     return versions.CONTAINERD
-
-
-def nri_supports_external() -> bool:
-    """Whether this checkout's ``mokka nri-plugin`` has ``--allocator external``."""
-    res = subprocess.run(
-        [sys.executable, "-m", "mokka.cli", "nri-plugin", "--help"], capture_output=True, text=True, check=False
-    )
-    return "--allocator" in res.stdout
 
 
 def leftovers(base: Path) -> list[str]:

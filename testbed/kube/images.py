@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from gpumodel.native import library_path
-from testbed import sandbox
+from testbed import images as oci
 
 from .config import PAUSE_IMAGE
 
@@ -18,10 +18,10 @@ WORKLOAD_IMAGE = "localhost/mokka/workload:1"
 def build(out: Path, nvidia_smi: Path, cache: Path | None = None) -> list[Path]:
     """Write the pause and workload OCI archives under ``out``; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
-    pause_root = sandbox.make_rootfs(out / "pause-rootfs", cache=cache)
-    pause = sandbox.oci_archive(pause_root, out / "pause.tar", PAUSE_IMAGE, cmd=["sleep", "2147483647"])
-    workload_root = sandbox.make_rootfs(out / "workload-rootfs", programs=[nvidia_smi, library_path()], cache=cache)
-    workload = sandbox.oci_archive(workload_root, out / "workload.tar", WORKLOAD_IMAGE)
+    pause_root = oci.make_rootfs(out / "pause-rootfs", cache=cache)
+    pause = oci.oci_archive(pause_root, out / "pause.tar", PAUSE_IMAGE, cmd=["sleep", "2147483647"])
+    workload_root = oci.make_rootfs(out / "workload-rootfs", programs=[nvidia_smi, library_path()], cache=cache)
+    workload = oci.oci_archive(workload_root, out / "workload.tar", WORKLOAD_IMAGE)
     shutil.rmtree(pause_root)
     shutil.rmtree(workload_root)
     return [pause, workload]

@@ -16,7 +16,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from gpumodel import native
-from testbed import sandbox
+from testbed import images as oci
 
 NODE_IMAGE = "localhost/mokka/node:1"
 PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
@@ -106,9 +106,9 @@ def build(out: Path, nvidia_smi: Path | None, cache: Path | None = None) -> Path
         shutil.copy2(nvidia_smi, rootfs / SMI_PATH)
     extensions = [p for p in rootfs.rglob("*.so*") if p.is_file() and not p.is_symlink()]
     programs = [PYTHON, *extensions] + ([nvidia_smi] if nvidia_smi is not None else [])
-    sandbox.make_rootfs(rootfs, programs=programs, cache=cache)
+    oci.make_rootfs(rootfs, programs=programs, cache=cache)
     with (rootfs / "etc" / "passwd").open("a") as fh:
         fh.write("mokka:x:10001:10001::/nonexistent:/usr/sbin/nologin\n")
-    archive = sandbox.oci_archive(rootfs, out / "node.tar", NODE_IMAGE, cmd=["mokka", "--help"], env=ENV)
+    archive = oci.oci_archive(rootfs, out / "node.tar", NODE_IMAGE, cmd=["mokka", "--help"], env=ENV)
     shutil.rmtree(rootfs)
     return archive

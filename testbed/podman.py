@@ -1,0 +1,138 @@
+"""``podman run`` of Debian's podman with all of its state private, cleaned up after each run.
+
+Debian bookworm's podman (4.3) on this kind of host needs: bookworm's runc (crun 1.8 refuses
+hybrid cgroups), explicit low ``--ulimit nofile/nproc`` (podman asks for limits above what its
+conmon has and root lacks CAP_SYS_RESOURCE to raise them), ``--network=none`` (no CNI set up),
+cgroupfs, file locks and no events (nothing in /dev/shm or the journal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import cleanup, containerd_dist
+from .command import CALL_TIMEOUT, SandboxError, run
+
+__all__ = ["PODMAN_CDI_DIRS", "podman_run"]
+
+log = logging.getLogger(__name__)
+
+PODMAN_CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))  # podman 4.3 reads only these
+WAIT_TIMEOUT = 15.0
+
+
+def _podman_supports(flag: str) -> bool:
+    res = run(["podman", "--help"], timeout=20, check=False)
+    return flag in res.stdout
+
+
+def _specs_for_kind(kind: str) -> list[Path]:
+    found = []
+    for d in PODMAN_CDI_DIRS:
+        for spec in sorted(d.glob("*.json")) if d.is_dir() else []:
+            try:
+                if json.loads(spec.read_text()).get("kind") == kind:
+                    found.append(spec)
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def podman_run(
+    base: Path,
+    rootfs: Path,
+    command: Sequence[str],
+    *,
+    devices: Sequence[str] = (),
+    cdi_spec: Path | None = None,
+    runtime: Path | None = None,
+    timeout: float = CALL_TIMEOUT,
+    cache: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``podman run --rm --rootfs ROOTFS --device D... COMMAND`` with all of podman's state under ``base``.
+
+    Podman 4.3 has no ``--cdi-spec-dir``: ``cdi_spec`` is copied into /var/run/cdi for the run
+    and removed afterwards (a newer podman gets a private spec directory instead). ``base`` is
+    removed at the end, with the cgroups, processes and mounts of the run. The rootfs gets the
+    mount targets the runtime creates: pass a copy.
+    """
+    base = base.absolute()
+    if base.exists() and any(base.iterdir()):
+        raise SandboxError(f"{base} exists and is not empty")
+    parent = cleanup.cgroup_parent(base, "podman")
+    cdi_copy: Path | None = None
+    made_dirs: list[Path] = []
+    argv: list[str | Path] = ["podman"]
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "containers.conf").write_text(
+            "[engine]\n"
+            'cgroup_manager = "cgroupfs"\nevents_logger = "none"\nlock_type = "file"\n'
+            f'tmp_dir = "{base}/tmp"\nstatic_dir = "{base}/root/libpod"\nvolume_path = "{base}/root/volumes"\n'
+            f'[network]\nnetwork_config_dir = "{base}/net"\n'
+        )
+        (base / "storage.conf").write_text(
+            f'[storage]\ndriver = "vfs"\ngraphroot = "{base}/root"\nrunroot = "{base}/run"\n'
+        )
+        env = {**os.environ, "CONTAINERS_CONF": str(base / "containers.conf")}
+        env["CONTAINERS_STORAGE_CONF"] = str(base / "storage.conf")
+        runtime = runtime or containerd_dist.runc(cache)
+        argv += ["--runtime", runtime, "--runtime-flag", f"root={base}/runtime"]
+        if cdi_spec is not None:
+            if _podman_supports("--cdi-spec-dir"):
+                (base / "cdi").mkdir()
+                shutil.copy(cdi_spec, base / "cdi" / cdi_spec.name)
+                argv += ["--cdi-spec-dir", base / "cdi"]
+            else:
+                kind = str(json.loads(cdi_spec.read_text()).get("kind", ""))
+                if clash := _specs_for_kind(kind):
+                    raise SandboxError(f"CDI specs for {kind} already installed ({', '.join(map(str, clash))})")
+                target = PODMAN_CDI_DIRS[1]
+                made_dirs = [p for p in (target, *target.parents) if not p.exists()]
+                target.mkdir(parents=True, exist_ok=True)
+                cdi_copy = target / f"mokka-{uuid.uuid4().hex[:12]}.json"
+                shutil.copy(cdi_spec, cdi_copy)
+        argv += ["run", "--rm", "--network=none", f"--cgroup-parent={parent}"]
+        argv += ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+        for device in devices:
+            argv += ["--device", device]
+        argv += ["--rootfs", rootfs.absolute(), *command]
+        log.info("podman run %s (devices: %s)", " ".join(command), ", ".join(devices) or "none")
+        return run(argv, timeout=timeout, check=False, env=env)
+    finally:
+        if cdi_copy is not None:
+            cdi_copy.unlink(missing_ok=True)
+        for d in made_dirs:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        _podman_cleanup(base, parent)
+
+
+def _podman_cleanup(base: Path, parent: str) -> None:
+    """Wait for podman's exit command and conmon, then remove cgroups, mounts and ``base``."""
+    marks = [str(base / "root"), str(base / "tmp"), f"--root={base}/runtime"]
+    if left := cleanup.wait_gone(cleanup.processes(marks), WAIT_TIMEOUT):
+        for pid in left:
+            cleanup.kill(pid)
+        cleanup.wait_gone(left, WAIT_TIMEOUT)
+    problems: list[str] = []
+    cleanup.kill_cgroup_members(parent)
+    for d in cleanup.cgroup_dirs(parent):
+        cleanup.rmdir_cgroup(d, problems)
+    for mount in cleanup.mounts_under(base):
+        try:
+            cleanup.unmount(mount)
+        except SandboxError as exc:
+            problems.append(str(exc))
+    if base.exists() and not cleanup.mounts_under(base):
+        cleanup.remove_tree(base, problems)
+    if problems:
+        raise SandboxError("podman clean-up incomplete: " + "; ".join(problems))
