@@ -61,7 +61,7 @@ def unmount(path: Path) -> None:
     raise SandboxError(f"cannot unmount {path}: {os.strerror(err)}")
 
 
-def _cgroup_roots() -> list[Path]:
+def cgroup_hierarchies() -> list[Path]:
     """Mount points of every cgroup hierarchy (v1 controllers, named ones, and cgroup2)."""
     roots: list[Path] = []
     with open("/proc/self/mounts") as fh:
@@ -75,7 +75,7 @@ def _cgroup_roots() -> list[Path]:
 def cgroup_dirs(parent: str) -> list[Path]:
     """Every existing directory of cgroup ``parent`` in every hierarchy, children first."""
     found: list[Path] = []
-    for root in _cgroup_roots():
+    for root in cgroup_hierarchies():
         top = root / parent.strip("/")
         if top.is_dir():
             found += [Path(d) for d, _subdirs, _files in os.walk(top, topdown=False)]

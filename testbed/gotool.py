@@ -157,7 +157,8 @@ def cached(spec: GoBuild, cache: Path | None = None) -> Path | None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """Held while one process builds into the cache (others wait, then find the build)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -169,7 +170,7 @@ def build(spec: GoBuild, cache: Path | None = None, progress: Progress | None = 
     cache = cache or debcache.default_cache()
     if found := cached(spec, cache):
         return found
-    with _locked(cache / "gobin" / f".{spec.name}.lock"):
+    with locked(cache / "gobin" / f".{spec.name}.lock"):
         if found := cached(spec, cache):  # another process built it while we waited
             return found
         return _build(spec, cache, progress or (lambda _line: None))

@@ -11,22 +11,13 @@ import signal
 import time
 from pathlib import Path
 
-
-def hierarchies() -> list[Path]:
-    """Mount points of every cgroup hierarchy (v1 controllers, named ones, cgroup2)."""
-    found: list[Path] = []
-    with open("/proc/self/mounts") as fh:
-        for line in fh:
-            fields = line.split()
-            if fields[2] in ("cgroup", "cgroup2"):
-                found.append(Path(fields[1]))
-    return found
+from testbed.cleanup import cgroup_hierarchies
 
 
 def create(name: str) -> list[Path]:
     """``/<name>`` in every hierarchy; returns the directories made."""
     made: list[Path] = []
-    for root in hierarchies():
+    for root in cgroup_hierarchies():
         d = root / name.strip("/")
         if d.is_dir():
             continue
@@ -41,7 +32,7 @@ def create(name: str) -> list[Path]:
 def existing(name: str) -> list[Path]:
     """Every directory of cgroup ``name`` in every hierarchy, children first."""
     found: list[Path] = []
-    for root in hierarchies():
+    for root in cgroup_hierarchies():
         top = root / name.strip("/")
         if top.is_dir():
             found += [Path(d) for d, _subdirs, _files in os.walk(top, topdown=False)]

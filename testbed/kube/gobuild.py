@@ -11,7 +11,6 @@ of the build live in a temporary directory that is removed once the binaries are
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -20,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,20 +79,12 @@ def cached(spec: GoBuild, cache: Path | None = None) -> Path | None:
     return out if all((out / b).is_file() for b in spec.binaries) else None
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
-
-
 def build(spec: GoBuild, cache: Path | None = None, progress: Progress = stderr_progress) -> Path:
     """Build ``spec`` once (later calls return the cached directory at once)."""
     cache = cache or debcache.default_cache()
     if found := cached(spec, cache):
         return found
-    with _locked(bin_root(cache) / f".{spec.name}.lock"):
+    with gotool.locked(bin_root(cache) / f".{spec.name}.lock"):
         if found := cached(spec, cache):  # another process built it while we waited
             return found
         _sweep(spec, cache)
