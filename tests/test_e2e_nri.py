@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_e2e_cdi import PROBE, PROFILE, assert_sees_exactly, device_nodes, sections
@@ -39,20 +40,24 @@ pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 VERSIONS = ["1.7", "2.1"]
 
 
-@pytest.fixture(params=VERSIONS, ids=[f"containerd-{v}" for v in VERSIONS])
-def node_with_plugin(
-    request: pytest.FixtureRequest,
+def plugin_node(
     tmp_path_factory: pytest.TempPathFactory,
+    version: str,
     layout: nodelayout.NodeLayout,
     workload_image: Path,
+    *,
+    cdi_dirs: list[Path] | None = None,
+    args: tuple[str, ...] = (),
 ) -> Iterator[tuple[sandbox.Sandbox, PluginProcess]]:
+    """A private containerd with NRI (and ``cdi_dirs``), the workload image and a registered plugin
+    started with ``args``; afterwards nothing may be left behind."""
     base = tmp_path_factory.mktemp("nb")
     shutil.rmtree(base)
     logs = tmp_path_factory.mktemp("logs")
-    box = sandbox.Sandbox(base, request.param, nri=True, log_file=logs / "containerd.log")
+    box = sandbox.Sandbox(base, version, nri=True, cdi_dirs=cdi_dirs, log_file=logs / "containerd.log")
     with box:
         box.import_image(workload_image)
-        plugin = PluginProcess(box.nri_socket, Path(layout.root), (logs / "plugin.log").open("ab"))
+        plugin = PluginProcess(box.nri_socket, Path(layout.root), (logs / "plugin.log").open("ab"), args=args)
         try:
             plugin.wait_registered()
             yield box, plugin
@@ -61,11 +66,20 @@ def node_with_plugin(
     assert cleanup.leftovers(base) == []
 
 
-def run_probe(
-    box: sandbox.Sandbox, pod_annotations: dict[str, str] | None = None, env: dict[str, str] | None = None
-) -> str:
+@pytest.fixture(params=VERSIONS, ids=[f"containerd-{v}" for v in VERSIONS])
+def node_with_plugin(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    layout: nodelayout.NodeLayout,
+    workload_image: Path,
+) -> Iterator[tuple[sandbox.Sandbox, PluginProcess]]:
+    yield from plugin_node(tmp_path_factory, request.param, layout, workload_image)
+
+
+def run_probe(box: sandbox.Sandbox, pod_annotations: dict[str, str] | None = None, **container: Any) -> str:
+    """PROBE in a new pod (annotated ``pod_annotations``); ``container``: env, annotations, cdi_devices."""
     pod = box.run_pod(f"p{time.monotonic_ns() % 10**8}", annotations=pod_annotations or {})
-    result = box.run_container(pod, images.WORKLOAD_IMAGE, ["sh", "-c", PROBE], env=env or {})
+    result = box.run_container(pod, images.WORKLOAD_IMAGE, ["sh", "-c", PROBE], **container)
     box.remove_pod(pod)
     return result.logs
 
@@ -254,30 +268,11 @@ def external_node(
     layout: nodelayout.NodeLayout,
     workload_image: Path,
 ) -> Iterator[tuple[sandbox.Sandbox, PluginProcess]]:
-    base = tmp_path_factory.mktemp("ex")
-    shutil.rmtree(base)
     spec_dir = tmp_path_factory.mktemp("cdi")
     cdi.write(cdi.render(layout), spec_dir)
-    logs = tmp_path_factory.mktemp("logs")
-    box = sandbox.Sandbox(base, request.param, nri=True, cdi_dirs=[spec_dir], log_file=logs / "containerd.log")
-    with box:
-        box.import_image(workload_image)
-        plugin = PluginProcess(
-            box.nri_socket, Path(layout.root), (logs / "plugin.log").open("ab"), args=("--allocator", "external")
-        )
-        try:
-            plugin.wait_registered()
-            yield box, plugin
-        finally:
-            plugin.stop()
-    assert cleanup.leftovers(base) == []
-
-
-def probe(box: sandbox.Sandbox, **kw: object) -> str:
-    pod = box.run_pod(f"p{time.monotonic_ns() % 10**8}")
-    result = box.run_container(pod, images.WORKLOAD_IMAGE, ["sh", "-c", PROBE], **kw)
-    box.remove_pod(pod)
-    return result.logs
+    yield from plugin_node(
+        tmp_path_factory, request.param, layout, workload_image, cdi_dirs=[spec_dir], args=("--allocator", "external")
+    )
 
 
 def test_external_allocator(
@@ -286,11 +281,11 @@ def test_external_allocator(
     box, plugin = external_node
     d = profile.load(PROFILE).devices()
     # No allocation: no GPU at all (the standalone default would show all eight).
-    out = probe(box)
+    out = run_probe(box)
     assert smi_lines(out) == [] and "exit 127" in sections(out)["smi"], out
     assert not [n for n in device_nodes(sections(out)["dev"]) if n.startswith("nvidia")]
     # Envvar mode: exactly the allocated GPUs, with their device nodes, as the NVIDIA runtime gives.
-    out = probe(box, env={"NVIDIA_VISIBLE_DEVICES": f"{d[1].uuid},{d[3].uuid}"})
+    out = run_probe(box, env={"NVIDIA_VISIBLE_DEVICES": f"{d[1].uuid},{d[3].uuid}"})
     assert smi_lines(out) == [
         f"GPU 0: {d[1].spec.name} (UUID: {d[1].uuid})",
         f"GPU 1: {d[3].spec.name} (UUID: {d[3].uuid})",
@@ -302,5 +297,5 @@ def test_external_allocator(
     for running in (True, False):
         if not running:
             plugin.stop()
-        assert_sees_exactly(probe(box, annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"}), layout, 1)
-        assert_sees_exactly(probe(box, cdi_devices=["nvidia.com/gpu=2"]), layout, 2)
+        assert_sees_exactly(run_probe(box, annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"}), layout, 1)
+        assert_sees_exactly(run_probe(box, cdi_devices=["nvidia.com/gpu=2"]), layout, 2)
