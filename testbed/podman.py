@@ -8,42 +8,23 @@ cgroupfs, file locks and no events (nothing in /dev/shm or the journal).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import shutil
 import subprocess
-import uuid
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import cleanup, containerd_dist
+from . import cleanup, containerd_dist, mounts
 from .command import CALL_TIMEOUT, SandboxError, run
 
 __all__ = ["PODMAN_CDI_DIRS", "podman_run"]
 
 log = logging.getLogger(__name__)
 
-PODMAN_CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))  # podman 4.3 reads only these
+PODMAN_CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))  # podman 4.3 reads only these (no --cdi-spec-dir)
 WAIT_TIMEOUT = 15.0
-
-
-def _podman_supports(flag: str) -> bool:
-    res = run(["podman", "--help"], timeout=20, check=False)
-    return flag in res.stdout
-
-
-def _specs_for_kind(kind: str) -> list[Path]:
-    found = []
-    for d in PODMAN_CDI_DIRS:
-        for spec in sorted(d.glob("*.json")) if d.is_dir() else []:
-            try:
-                if json.loads(spec.read_text()).get("kind") == kind:
-                    found.append(spec)
-            except (OSError, ValueError):
-                continue
-    return found
 
 
 def podman_run(
@@ -59,8 +40,9 @@ def podman_run(
 ) -> subprocess.CompletedProcess[str]:
     """``podman run --rm --rootfs ROOTFS --device D... COMMAND`` with all of podman's state under ``base``.
 
-    Podman 4.3 has no ``--cdi-spec-dir``: ``cdi_spec`` is copied into /var/run/cdi for the run
-    and removed afterwards (a newer podman gets a private spec directory instead). ``base`` is
+    Podman 4.3 has no ``--cdi-spec-dir``: with ``cdi_spec`` podman runs in a private mount
+    namespace (:mod:`testbed.mounts`) whose /etc/cdi holds that spec alone and whose /var/run/cdi
+    is empty, so the host's CDI directories are neither read nor written (nor needed). ``base`` is
     removed at the end, with the cgroups, processes and mounts of the run. The rootfs gets the
     mount targets the runtime creates: pass a copy.
     """
@@ -68,8 +50,6 @@ def podman_run(
     if base.exists() and any(base.iterdir()):
         raise SandboxError(f"{base} exists and is not empty")
     parent = cleanup.cgroup_parent(base, "podman")
-    cdi_copy: Path | None = None
-    made_dirs: list[Path] = []
     argv: list[str | Path] = ["podman"]
     try:
         base.mkdir(parents=True, exist_ok=True)
@@ -87,19 +67,12 @@ def podman_run(
         runtime = runtime or containerd_dist.runc(cache)
         argv += ["--runtime", runtime, "--runtime-flag", f"root={base}/runtime"]
         if cdi_spec is not None:
-            if _podman_supports("--cdi-spec-dir"):
-                (base / "cdi").mkdir()
-                shutil.copy(cdi_spec, base / "cdi" / cdi_spec.name)
-                argv += ["--cdi-spec-dir", base / "cdi"]
-            else:
-                kind = str(json.loads(cdi_spec.read_text()).get("kind", ""))
-                if clash := _specs_for_kind(kind):
-                    raise SandboxError(f"CDI specs for {kind} already installed ({', '.join(map(str, clash))})")
-                target = PODMAN_CDI_DIRS[1]
-                made_dirs = [p for p in (target, *target.parents) if not p.exists()]
-                target.mkdir(parents=True, exist_ok=True)
-                cdi_copy = target / f"mokka-{uuid.uuid4().hex[:12]}.json"
-                shutil.copy(cdi_spec, cdi_copy)
+            spec_dir, empty = base / "cdi", base / "cdi-none"
+            spec_dir.mkdir()
+            empty.mkdir()
+            shutil.copy(cdi_spec, spec_dir / cdi_spec.name)
+            view = [f"--bind={spec_dir}:{PODMAN_CDI_DIRS[0]}", f"--bind={empty}:{PODMAN_CDI_DIRS[1]}"]
+            argv = [sys.executable, "-m", mounts.__name__, *view, "--", *argv]
         argv += ["run", "--rm", "--network=none", f"--cgroup-parent={parent}"]
         argv += ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
         for device in devices:
@@ -108,11 +81,6 @@ def podman_run(
         log.info("podman run %s (devices: %s)", " ".join(command), ", ".join(devices) or "none")
         return run(argv, timeout=timeout, check=False, env=env)
     finally:
-        if cdi_copy is not None:
-            cdi_copy.unlink(missing_ok=True)
-        for d in made_dirs:
-            with contextlib.suppress(OSError):
-                d.rmdir()
         _podman_cleanup(base, parent)
 
 

@@ -3,20 +3,23 @@ the faulted GPU unhealthy after `mokka fault xid 79 --gpu 3`, seen through its g
 (ListAndWatch), as the kubelet sees it.
 
 The plugin runs in a private mount namespace (its socket directory, /var/lib/kubelet/
-device-plugins, is a tmpfs there; the driver root's usr and dev are bind-mounted where its
---driver-root points). The test plays the kubelet's device manager: it answers the plugin's
-Registration and opens ListAndWatch on the plugin's socket. v0.18.0 never marks a device
-healthy again while it runs ("there is no way to recover from the Unhealthy state"), so
-after `clear` health comes back only with a restarted plugin; and while a GPU is lost the
-plugin cannot start (its device discovery fails on the lost GPU's handle, as on a real node).
+device-plugins, is a directory of the test's there, also on a machine without /var/lib/kubelet;
+the driver root's usr and dev are bind-mounted where its --driver-root points). The test plays
+the kubelet's device manager: it answers the plugin's Registration and opens ListAndWatch on
+the plugin's socket. v0.18.0 never marks a device healthy again while it runs ("there is no way
+to recover from the Unhealthy state"), so after `clear` health comes back only with a restarted
+plugin; and while a GPU is lost the plugin cannot start (its device discovery fails on the lost
+GPU's handle, as on a real node).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -64,34 +67,40 @@ def node(tmp_path: Path) -> Iterator[Path]:
     hostnode.cleanup(root)
 
 
-RUN = """set -e
-mount -t tmpfs tmpfs /var/lib/kubelet
-mkdir -p /var/lib/kubelet/device-plugins "$DRIVER_ROOT/usr" "$DRIVER_ROOT/dev"
-mount --bind "$NODE/driver/usr" "$DRIVER_ROOT/usr"
-mount --bind "$NODE/dev" "$DRIVER_ROOT/dev"
-exec "$PLUGIN" --kubelet-socket "$KUBELET_SOCKET" --driver-root "$DRIVER_ROOT" --dev-root "$DRIVER_ROOT" \\
-    --device-list-strategy envvar --device-id-strategy uuid --fail-on-init-error=true
-"""
-
-
 class Plugin:
-    """The device plugin in its own mount namespace, registering at our kubelet socket."""
+    """The device plugin in its own mount namespace (:mod:`testbed.mounts`), registering at our kubelet
+    socket: an empty directory of its own at /var/lib/kubelet (a fresh machine has none), the
+    node's usr and dev where its --driver-root points."""
+
+    count = 0
 
     def __init__(self, binary: Path, node: Path, kubelet_socket: Path, log: Path) -> None:
+        Plugin.count += 1
+        kubelet_dir = log.parent / f"kubelet-{Plugin.count}"
+        (kubelet_dir / "device-plugins").mkdir(parents=True)
         driver_root = node.parent / "driver-root"
-        env = {
-            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-            "NODE": str(node),
-            "DRIVER_ROOT": str(driver_root),
-            "PLUGIN": str(binary),
-            "KUBELET_SOCKET": str(kubelet_socket),
-            "LD_LIBRARY_PATH": str(driver_root / "usr" / "lib64"),
-        }
+        for part in ("usr", "dev"):
+            (driver_root / part).mkdir(parents=True, exist_ok=True)
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LD_LIBRARY_PATH": str(driver_root / "usr" / "lib64")}
+        binds = [(kubelet_dir, "/var/lib/kubelet"), (node / "driver" / "usr", driver_root / "usr")]
+        binds.append((node / "dev", driver_root / "dev"))
+        argv = [sys.executable, "-m", "testbed.mounts", *(f"--bind={s}:{t}" for s, t in binds), "--"]
+        argv += [str(binary), "--kubelet-socket", str(kubelet_socket), "--driver-root", str(driver_root)]
+        argv += ["--dev-root", str(driver_root), "--device-list-strategy", "envvar", "--device-id-strategy", "uuid"]
+        argv += ["--fail-on-init-error=true"]
         self.log = log
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "sh", "-c", RUN], env=env, stdout=out, stderr=out
-            )
+            self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out)
+
+    async def registered(self, queue: asyncio.Queue[str], timeout: float) -> str:
+        """The plugin's registration; fails at once, with its log, when the plugin exits first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the device plugin exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(queue.get(), 0.5)
+        pytest.fail(f"the device plugin did not register in {timeout:.0f} s:\n{self.log.read_text()[-3000:]}")
 
     @property
     def socket(self) -> str:
@@ -148,7 +157,7 @@ def test_xid_79_marks_exactly_that_gpu_unhealthy(api: ModuleType, node: Path, tm
         async with kubelet(api, tmp_path / "kubelet.sock") as registered:
             plugin = Plugin(binary, node, tmp_path / "kubelet.sock", log)
             try:
-                assert await asyncio.wait_for(registered.get(), 120) == "nvidia.com/gpu nvidia-gpu.sock"
+                assert await plugin.registered(registered, 120) == "nvidia.com/gpu nvidia-gpu.sock"
                 stream = health_stream(api, plugin)
                 assert await asyncio.wait_for(anext(stream), 60) == dict.fromkeys(uuids, "Healthy")
                 fault(node, "xid", "13", "--gpu", "2")  # an application Xid: the plugin ignores it
@@ -168,7 +177,7 @@ def test_xid_79_marks_exactly_that_gpu_unhealthy(api: ModuleType, node: Path, tm
             fault(node, "clear", "--gpu", "3")
             again = Plugin(binary, node, tmp_path / "kubelet.sock", log)
             try:
-                await asyncio.wait_for(registered.get(), 120)
+                await again.registered(registered, 120)
                 stream = health_stream(api, again)
                 assert await asyncio.wait_for(anext(stream), 60) == dict.fromkeys(uuids, "Healthy")
                 await stream.aclose()
