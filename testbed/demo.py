@@ -10,10 +10,12 @@ CRI is spoken from Python (:mod:`testbed.cri`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,11 +48,17 @@ class Options:
     base: Path = DEFAULT_BASE
 
 
+def _command() -> str:
+    """How this ``mokka`` is run: the console script beside the interpreter, else ``mokka``."""
+    beside = Path(sys.executable).parent / "mokka"
+    return str(beside) if beside.is_file() else "mokka"
+
+
 def check_prerequisites(base: Path) -> None:
     if os.geteuid() != 0:
         raise DemoError(
             "mokka demo needs root: it starts a private containerd and creates device nodes "
-            "(hint: sudo .venv/bin/mokka demo)"
+            f"(run it as root: sudo {_command()} demo)"
         )
     try:
         filesystems = Path("/proc/filesystems").read_text()
@@ -69,13 +77,25 @@ def check_prerequisites(base: Path) -> None:
 
 
 def _fetch(what: str, fn: Callable[[], T]) -> T:
+    """``fn()``, with each way a first fetch fails said in one line: its real cause and what to do."""
+    cache = debcache.default_cache()
     try:
         return fn()
-    except (debcache.FetchError, bindings.BindingsError, OSError, subprocess.CalledProcessError) as exc:
+    except debcache.FetchError as exc:
+        cause = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise DemoError(
-            f"cannot get {what}: {exc}\nhint: the first run needs the Debian archive (`.ci/setup` fetches "
-            f"everything); later runs use the cache in {debcache.default_cache()}"
+            f"cannot get {what} from Debian's archive ({cause}): the first run downloads it into {cache} "
+            "(or run .ci/setup where the archive is reachable); later runs need no network"
         ) from None
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and str(exc.filename or "").startswith(str(cache)):
+            raise DemoError(
+                f"cannot get {what}: the cache {cache} is not writable ({exc.strerror}): "
+                "set MOKKA_CACHE to a writable directory"
+            ) from None
+        raise DemoError(f"cannot get {what}: {exc}") from None
+    except (bindings.BindingsError, subprocess.CalledProcessError) as exc:
+        raise DemoError(f"cannot get {what}: {exc}") from None
 
 
 def _machine_containerd() -> tuple[Path, str] | None:

@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from testbed import debcache, gotool
+from testbed.protoc import ProtocError, compile_protos
 
 __all__ = ["MODULES", "OUT", "PROTOS", "current", "download", "generate", "module_dir"]
 
@@ -114,14 +115,6 @@ def download(module: str, version: str, cache: Path | None = None) -> Path:
     return dest
 
 
-def _plugin() -> str:
-    beside = Path(sys.executable).parent / "protoc-gen-python_betterproto"
-    found = str(beside) if beside.is_file() else shutil.which("protoc-gen-python_betterproto")
-    if not found:
-        raise GenerateError("protoc-gen-python_betterproto not found: pip install 'betterproto[compiler]==2.0.0b7'")
-    return found
-
-
 def generate(out: Path = OUT, cache: Path | None = None, force: bool = False) -> Path:
     """Fetch the pinned protos and compile them into ``out`` (replaced whole); returns ``out``."""
     if current(out) and not force:
@@ -139,18 +132,10 @@ def generate(out: Path = OUT, cache: Path | None = None, force: bool = False) ->
             shutil.copyfile(kubelet / proto, include / proto)
         gen = Path(tmp) / "gen"
         gen.mkdir()
-        cmd = [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            f"--plugin=protoc-gen-python_betterproto={_plugin()}",
-            f"-I{include}",
-            f"--python_betterproto_out={gen}",
-            *PROTOS,
-        ]
-        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if res.returncode != 0:
-            raise GenerateError(f"protoc failed ({res.returncode}): {res.stderr.strip()}")
+        try:
+            compile_protos(include, PROTOS, gen)
+        except ProtocError as exc:
+            raise GenerateError(str(exc)) from None
         for path in sorted(gen.rglob("*.py")):
             path.write_text(HEADER.format(sources=sources) + path.read_text())
         for directory in [gen, *(p for p in gen.rglob("*") if p.is_dir())]:

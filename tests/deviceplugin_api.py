@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import importlib
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
-from testbed import kubelet_api
+from testbed import kubelet_api, protoc
 
 PROTO = "pkg/apis/deviceplugin/v1beta1/api.proto"
 
@@ -28,11 +27,7 @@ def generate(out: Path) -> ModuleType:
     shutil.copyfile(kubelet / PROTO, include / PROTO)
     gen = out / "gen"
     gen.mkdir()
-    subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"--plugin=protoc-gen-python_betterproto={kubelet_api._plugin()}",
-         f"-I{include}", f"--python_betterproto_out={gen}", PROTO],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    protoc.compile_protos(include, [PROTO], gen)
     for directory in [gen, *(p for p in gen.rglob("*") if p.is_dir())]:
         (directory / "__init__.py").touch()
     sys.path.insert(0, str(gen))

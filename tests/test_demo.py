@@ -142,3 +142,35 @@ def test_keep_then_stop() -> None:
         [sys.executable, "-m", "mokka.cli", "demo", "--stop"], capture_output=True, text=True, timeout=120
     )
     assert stop.returncode == 0 and "nothing left behind" in stop.stdout, stop.stderr
+
+
+def first_run(env: dict[str, str], *prefix: str) -> subprocess.CompletedProcess[str]:
+    argv = [*prefix, sys.executable, "-m", "mokka.cli", "demo", "--containerd", "2.1"]
+    return subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
+
+
+def error_lines(res: subprocess.CompletedProcess[str]) -> list[str]:
+    assert "Traceback" not in res.stderr, res.stderr
+    return [line for line in res.stderr.splitlines() if line.startswith("mokka: error:")]
+
+
+def test_a_first_run_without_network_says_so(tmp_path: Path) -> None:
+    res = first_run({"MOKKA_CACHE": str(tmp_path / "cache")}, "unshare", "--net")
+    assert res.returncode == 1
+    (line,) = error_lines(res)
+    assert line.startswith("mokka: error: cannot get containerd 2.1 from Debian's archive (")
+    assert f"the first run downloads it into {tmp_path / 'cache'}" in line
+
+
+def test_a_read_only_cache_says_so(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    script = f'mount -t tmpfs -o ro none {cache} && exec "$@"'
+    res = first_run(
+        {"MOKKA_CACHE": str(cache)}, "unshare", "--mount", "--propagation", "private", "sh", "-c", script, "-"
+    )
+    assert res.returncode == 1
+    assert error_lines(res) == [
+        f"mokka: error: cannot get containerd 2.1: the cache {cache} is not writable (Read-only file system): "
+        "set MOKKA_CACHE to a writable directory"
+    ]

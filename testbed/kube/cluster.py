@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from gpumodel import profile as profiles
-from testbed import containerd_dist, nvidia_smi
+from testbed import containerd_dist, debcache, gotool, kubelet_api, nvidia_smi
 
 from . import binaries, cgroups, config, gpustack, images, namespace, process, versions
 from .config import Layout, Ports
+from .gobuild import BuildError
 from .pki import Pki
 
 Progress = Callable[[str], None]
@@ -338,11 +339,23 @@ class Cluster:
         self.state.gpus = prof.gpu_count
         self.save()
         with self._step(progress, "binaries: Kubernetes, device plugin, etcd, containerd, CNI"):
-            bins = binaries.ensure(cache, progress)
-            ctrd = containerd_dist.fetch(config_version(), cache)
-            runc = containerd_dist.runc(cache)
+            # The first run builds and fetches them into the cache (a pip-installed mokka too).
+            try:
+                bins = binaries.ensure(cache, progress)
+                ctrd = containerd_dist.fetch(config_version(), cache)
+                runc = containerd_dist.runc(cache)
+                smi = nvidia_smi.fetch("550", cache)
+                if options.allocator == "dra":  # `mokka dra-plugin` speaks the kubelet's plugin APIs
+                    kubelet_api.generate(cache=cache)
+            except (BuildError, gotool.BuildError, debcache.FetchError, kubelet_api.GenerateError) as exc:
+                where = cache or debcache.default_cache()
+                raise ClusterError(
+                    f"binaries: {exc} (the first `up` builds and fetches them into {where} from the Go module proxy "
+                    "and Debian's archive; later runs need no network)"
+                ) from None
+            except OSError as exc:
+                raise ClusterError(f"binaries: {exc}") from None
             cni_bin = bins.cni
-            smi = nvidia_smi.fetch("550", cache)
         with self._step(progress, f"mock node: {prof.gpu_count}x {prof.gpu.name} staged under {layout.node_root}"):
             gpustack.stage_node(layout, prof, smi)
         with self._step(progress, "certificates and kubeconfigs"):

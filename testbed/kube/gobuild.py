@@ -175,10 +175,20 @@ def _go_env(spec: GoBuild, work: Path) -> dict[str, str]:
     return env
 
 
+def _why(res: subprocess.CompletedProcess[str]) -> str:
+    """Go's reason for a failure in one line: a ``-json`` answer's ``Error``, else its last line."""
+    if found := re.search(r'"Error":\s*("(?:[^"\\]|\\.)*")', res.stdout):
+        return str(json.loads(found.group(1)))
+    for text in (res.stderr, res.stdout):
+        if lines := [line.strip() for line in text.splitlines() if line.strip()]:
+            return lines[-1]
+    return f"exit {res.returncode}"
+
+
 def _go(go: str, args: list[str], cwd: Path, env: dict[str, str]) -> str:
     res = subprocess.run([go, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if res.returncode != 0:
-        raise BuildError(f"go {' '.join(args[:2])} failed:\n{res.stderr.strip()[-3000:]}")
+        raise BuildError(f"go {' '.join(args[:2])} failed: {_why(res)}")
     return res.stdout
 
 
