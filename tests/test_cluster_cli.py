@@ -58,7 +58,8 @@ def test_up_status_down_beside_another_cluster(kube_cluster: Cluster, tmp_path_f
         assert second.ports.apiserver != kube_cluster.ports.apiserver
         status = mokka("cluster", "status", "--dir", str(base))
         assert status.returncode == 0, status.stdout + status.stderr
-        assert "node        Ready" in status.stdout
+        assert "nodes       1 of 1 Ready" in status.stdout
+        assert [ln.split()[-1] for ln in status.stdout.splitlines() if ln.startswith("localhost ")] == ["Ready"]
         from kubernetes import client
 
         core: Any = client.CoreV1Api(second.api())
@@ -135,6 +136,17 @@ def test_bench_cluster_prints_every_figure_with_its_target() -> None:
         assert figure in res.stdout, res.stdout
     assert "<= 30 s" in res.stdout and "<= 1.2" in res.stdout
     assert "ratio (2 GPUs / none)" in res.stdout
+
+
+def test_bench_cluster_fleet_prints_every_figure_with_its_target() -> None:
+    require_root()
+    ensure_binaries()
+    res = mokka("bench", "cluster", "--ups", "1", "--node", "h100:1", "--node", "t4:1")
+    assert res.returncode == 0, res.stderr
+    for size in (1, 2, 3, 4):
+        assert f"{size} node(s): cluster up (warm) -> all Ready" in res.stdout, res.stdout
+    assert "<= 45 s" in res.stdout and "RSS per node" in res.stdout and "<= 400 MiB" in res.stdout
+    assert "RSS of the control plane" in res.stdout
 
 
 def test_bench_cluster_refuses_zero_runs() -> None:

@@ -38,7 +38,7 @@ def test_the_kubelet_sees_exactly_the_faulted_gpus_go(cluster: Any) -> None:
     from gpumodel import faults
 
     core = client.CoreV1Api(cluster.api())
-    root = Path(cluster.layout.node_root)
+    root = Path(cluster.node().layout.node_root)
     node = cluster.node_name
     wait_for("all GPUs allocatable", lambda: cluster.allocatable_gpus() == GPUS, 120)
 

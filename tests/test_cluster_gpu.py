@@ -135,7 +135,7 @@ def test_kubelet_left_the_hosts_sysctls_alone(kube_cluster: Cluster) -> None:
     before = kube_cluster.state.host_sysctls  # read when the cluster came up
     assert sorted(before) == sorted(SYSCTLS)
     assert host_sysctls() == before
-    private = kube_cluster.layout.ns / "sysctl"
+    private = kube_cluster.node().layout.ns / "sysctl"
     kubelet = {key: (private / key.replace("/", ".")).read_text().strip() for key in SYSCTLS[:3]}
     # kubelet did set them -- in the cluster's private files
     assert kubelet == {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}

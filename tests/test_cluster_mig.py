@@ -44,7 +44,7 @@ def cluster_with(
     source = write_profile(tmp / "profile.yaml", data)
     with start_cluster(tmp / "kube", profile=str(source), mig_strategy=strategy, **options) as cluster:
         core = client.CoreV1Api(cluster.api())
-        layout = mig_state.read(cluster.layout.node_root / "driver" / "usr" / "lib64" / "libnvidia-ml.so.1")
+        layout = mig_state.read(cluster.node().layout.node_root / "driver" / "usr" / "lib64" / "libnvidia-ml.so.1")
         yield cluster, core, layout
 
 

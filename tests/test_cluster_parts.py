@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -18,14 +20,17 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from gpumodel import profile
+from gpumodel import fleet, profile
 from hostsetup import sysfs
 from testbed import containerd_dist
 from testbed.kube import binaries, config, gobuild, gpustack, pki, versions
-from testbed.kube.config import Layout, Ports
+from testbed.kube.config import Layout, NodePorts, Ports
+from testbed.kube.nodespec import NodeSpec, resolve
 
 LAYOUT = Layout(Path("/run/mokka-cluster"))
-PORTS = Ports(2379, 2380, 6443, 10250, 10248, 8080)
+PORTS = Ports(2379, 2380, 6443)
+NODE = LAYOUT.node("localhost", 0)
+NODE_PORTS = NodePorts(10250, 10248, 8080)
 
 
 def test_staging_replaces_read_from_kubernetes_go_mod() -> None:
@@ -65,19 +70,19 @@ def test_builds_are_pinned_and_keyed_by_what_they_build() -> None:
 def test_layout_names() -> None:
     assert len(LAYOUT.bridge) <= 15  # IFNAMSIZ
     assert ipaddress.ip_network(LAYOUT.pod_subnet).prefixlen == 24
-    assert LAYOUT.cgroup_root == f"/mokka-kube-{LAYOUT.tag}"
+    assert NODE.cgroup_root == f"/mokka-kube-{LAYOUT.tag}-0" != LAYOUT.node("t4-1", 1).cgroup_root
     assert Layout(Path("/tmp/other")).tag != LAYOUT.tag
 
 
 def test_kubelet_stays_off_the_host() -> None:
-    kubelet = config.kubelet_config(LAYOUT, PORTS)
+    kubelet = config.kubelet_config(NODE, NODE_PORTS)
     assert kubelet["address"] == "127.0.0.1" and kubelet["readOnlyPort"] == 0
     assert kubelet["makeIPTablesUtilChains"] is False
     assert kubelet["protectKernelDefaults"] is False  # the sysctls it sets land in private files
-    assert kubelet["cgroupRoot"] == LAYOUT.cgroup_root and kubelet["cgroupDriver"] == "cgroupfs"
+    assert kubelet["cgroupRoot"] == NODE.cgroup_root and kubelet["cgroupDriver"] == "cgroupfs"
     assert kubelet["failCgroupV1"] is False
     assert kubelet["authentication"]["anonymous"]["enabled"] is False
-    cni = config.cni_conflist(LAYOUT)
+    cni = config.cni_conflist(NODE)
     bridge = cni["plugins"][0]
     assert bridge["isGateway"] is True and bridge["ipMasq"] is False  # forwarding: a private sysctl file
     assert [p["type"] for p in cni["plugins"]] == ["bridge"]
@@ -98,7 +103,7 @@ def test_control_plane_listens_on_loopback_only() -> None:
 def test_containerd_takes_every_key_of_its_config(tmp_path: Path) -> None:
     """containerd 2.1 itself parses the config (`config dump`) and keeps every value we set."""
     bindir = containerd_dist.fetch(versions.CONTAINERD)
-    layout = Layout(tmp_path)
+    layout = Layout(tmp_path).node("localhost", 0)
     path = config.write_containerd_config(layout, Path("/usr/sbin/runc"), tmp_path / "cni-bin")
     res = subprocess.run(
         [str(bindir / "containerd"), "--config", str(path), "config", "dump"], capture_output=True, text=True
@@ -127,7 +132,7 @@ def test_certificates(tmp_path: Path) -> None:
     ips = {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
     assert {"127.0.0.1", pki.SERVICE_IP} <= ips
     assert "kubernetes.default.svc" in sans.get_values_for_type(x509.DNSName)
-    kubelet = x509.load_pem_x509_certificate(p.path("kubelet.crt").read_bytes())
+    kubelet = x509.load_pem_x509_certificate(p.path("kubelet-localhost.crt").read_bytes())
     assert kubelet.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:node:localhost"
     assert kubelet.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:nodes"
     assert oct(p.path("ca.key").stat().st_mode & 0o777) == "0o600"
@@ -214,3 +219,65 @@ def test_a_killed_build_leaves_nothing_for_the_next(tmp_path: Path) -> None:
     gobuild._sweep(spec, tmp_path)
     assert [d.exists() for d in left] == [False, False]
     assert live.exists()
+
+
+def test_node_specs_parse_and_refuse_in_one_message() -> None:
+    assert NodeSpec.parse("h100") == NodeSpec("h100", None, None)
+    assert NodeSpec.parse("t4:2") == NodeSpec("t4", 2, None)
+    assert NodeSpec.parse("gb200:4@rack-a") == NodeSpec("gb200", 4, "rack-a")
+    assert str(NodeSpec.parse("gb200:4@rack-a")) == "gb200:4@rack-a"
+    for bad, message in (
+        ("", "expected PROFILE[:GPUS][@RACK]"),
+        ("t4:x", "whole number from 1"),
+        ("t4:0", "whole number from 1"),
+        ("h100@", "no rack name after '@'"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            NodeSpec.parse(bad)
+
+
+def test_fleet_nodes_are_named_by_position_with_gpus_of_their_own() -> None:
+    nodes = resolve([NodeSpec("h100", 2, "r1"), NodeSpec("h100", 1, "r1"), NodeSpec("t4", 1)], fleet_names=True)
+    assert [n.name for n in nodes] == ["h100-0", "h100-1", "t4-2"]
+    assert [n.rack for n in nodes] == ["r1", "r1", None]
+    uuids = [d.uuid for n in nodes for d in n.profile.devices()]
+    assert len(set(uuids)) == len(uuids) == 4
+    (single,) = resolve([NodeSpec("h100", 2)], fleet_names=False)
+    assert single.name == "localhost"  # no --node: the profile's GPUs as they are
+    assert [d.uuid for d in single.profile.devices()] == [d.uuid for d in profile.load("h100").with_count(2).devices()]
+    with pytest.raises(ValueError, match="at most 8 real nodes"):
+        resolve([NodeSpec("t4", 1)] * 9, fleet_names=True)
+
+
+def test_gb200_nodes_fill_nvl72_racks_in_order() -> None:
+    nodes = resolve([NodeSpec("gb200")] * 3 + [NodeSpec("gb200", None, "own")], fleet_names=True)
+    assert [n.rack for n in nodes] == ["gb200-nvl72-0"] * 3 + ["own"]
+    assert fleet.default_rack(profile.load("gb200"), 17) == "gb200-nvl72-0"  # 18 nodes of 4 GPUs: one domain
+    assert fleet.default_rack(profile.load("gb200"), 18) == "gb200-nvl72-1"
+    assert fleet.default_rack(profile.load("h100"), 0) is None  # not a rack board: no rack unless asked
+
+
+def test_a_rack_is_one_fabric_domain() -> None:
+    a = fleet.in_rack(profile.load("h100").with_count(2), "r1")
+    b = fleet.in_rack(profile.load("b200"), "r1")
+    c = fleet.in_rack(profile.load("h100"), "r2")
+    fabrics = {
+        (d.spec.fabric.state, d.spec.fabric.status, d.spec.fabric.cluster_uuid) for d in a.devices() + b.devices()
+    }
+    assert fabrics == {("Completed", "Success", fleet.rack_cluster_uuid("r1"))}
+    assert {d.spec.fabric.cluster_uuid for d in c.devices()} == {fleet.rack_cluster_uuid("r2")}
+    assert fleet.rack_cluster_uuid("r1") != fleet.rack_cluster_uuid("r2")
+    with pytest.raises(profile.ProfileError, match="has no NVLink fabric"):
+        fleet.in_rack(profile.load("l40s"), "r1")
+
+
+def test_nodes_share_the_pod_subnet_in_ranges_of_their_own() -> None:
+    ranges = [LAYOUT.node(f"n{i}", i).pod_range for i in range(config.MAX_NODES)]
+    subnet = ipaddress.ip_network(LAYOUT.pod_subnet)
+    addresses = [(int(ipaddress.ip_address(a)), int(ipaddress.ip_address(b))) for a, b in ranges]
+    assert all(ipaddress.ip_address(a) in subnet and ipaddress.ip_address(b) in subnet for a, b in ranges)
+    assert all(hi < lo2 for (_, hi), (lo2, _) in itertools.pairwise(addresses))  # disjoint, in order
+    assert int(subnet[1]) < addresses[0][0]  # the gateway (the bridge) is no pod's
+    bridge = config.cni_conflist(LAYOUT.node("t4-1", 1))["plugins"][0]
+    assert bridge["bridge"] == LAYOUT.bridge and bridge["ipam"]["ranges"][0][0]["rangeStart"] == ranges[1][0]
+    assert config.hosts(["localhost", "h100-0", "t4-1"]).splitlines()[0] == "127.0.0.1 localhost h100-0 t4-1"

@@ -49,7 +49,7 @@ def mixed_profile(path: Path) -> Path:
 def plugin_argv(cluster: Any) -> list[str]:
     from testbed.kube import gpustack
 
-    argv = gpustack.dra_driver_argv(cluster.layout)
+    argv = gpustack.dra_driver_argv(cluster.node().layout)
     if argv is not None:
         return list(argv)
     return [  # the cluster has no DRA hook yet: run the plugin as the hook would
@@ -58,7 +58,7 @@ def plugin_argv(cluster: Any) -> list[str]:
         "mokka.cli",
         "dra-plugin",
         "--root",
-        str(cluster.layout.node_root),
+        str(cluster.node().layout.node_root),
         "--kubeconfig",
         str(cluster.kubeconfig),
         "--node-name",
@@ -83,7 +83,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def plugin_log(cluster: Any) -> str:
-    path = Path(cluster.layout.logs) / f"{PLUGIN}.log"
+    path = cluster.node().layout.logs / f"{PLUGIN}.log"
     return path.read_text() if path.exists() else ""
 
 

@@ -1,10 +1,12 @@
-"""`mokka cluster up|down|status` and `mokka bench cluster`: a real single-node Kubernetes with mock GPUs."""
+"""`mokka cluster up|down|status` and `mokka bench cluster`: a real Kubernetes with mock GPU nodes."""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -24,12 +26,13 @@ DIR_OPTION = click.option(
 
 @main.group()
 def cluster() -> None:
-    """A real single-node Kubernetes on this machine with mock GPUs, without Docker (root).
+    """A real Kubernetes on this machine with mock GPU nodes, without Docker (root).
 
-    etcd, kube-apiserver, controller-manager, scheduler and kubelet on a private containerd 2.1
-    (NRI and CDI on), loopback only, inside a private mount namespace; the mock node staged,
-    the NRI plugin, NVIDIA's device plugin and GPU Feature Discovery running. Binaries are
-    built once from the Go module proxy into ~/.cache/mokka.
+    One control plane (etcd, kube-apiserver, controller-manager, scheduler) and one or more real
+    nodes (--node, repeatable), each complete and separate: its kubelet on a private containerd
+    2.1 (NRI and CDI on) in a private mount namespace, its mock node staged, its NRI plugin,
+    NVIDIA's device plugin and GPU Feature Discovery; loopback only. Binaries are built once
+    from the Go module proxy into ~/.cache/mokka.
     """
 
 
@@ -37,11 +40,36 @@ def _progress(line: str) -> None:
     click.echo(line, err=True)
 
 
+def _node_spec(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> tuple[Any, ...]:
+    from testbed.kube.nodespec import NodeSpec
+
+    try:
+        return tuple(NodeSpec.parse(v) for v in values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def node_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--node PROFILE[:GPUS][@RACK], repeatable: parsed into NodeSpecs (a bad one is a usage error)."""
+    return click.option(
+        "--node", "nodes", multiple=True, callback=_node_spec, metavar="PROFILE[:GPUS][@RACK]", help=help_text
+    )
+
+
 @cluster.command("up")
 @click.option(
-    "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
+    "--profile",
+    "profile_name",
+    default="h100",
+    show_default=True,
+    help="The one node's profile (built-in name or a profile YAML file) when no --node is given.",
 )
 @GPUS_OPTION
+@node_option(
+    "A real node (repeatable, in order; node i is named PROFILE-i): e.g. --node h100 --node t4:2 "
+    "--node gb200@rack-a. Nodes of one RACK share an NVLink domain (one nvidia.com/gpu.clique); GB200 "
+    "and GB300 nodes default to NVL72 racks. Without --node: one node, localhost, of --profile/--gpus."
+)
 @DIR_OPTION
 @click.option(
     "--allocator",
@@ -69,6 +97,7 @@ def _progress(line: str) -> None:
 def up_cmd(
     profile_name: str,
     gpus: int | None,
+    nodes: tuple[Any, ...],
     base: Path,
     allocator: str,
     device_list_strategy: str,
@@ -79,11 +108,15 @@ def up_cmd(
     from testbed.kube import binaries
     from testbed.kube.cluster import Cluster, ClusterError, Options
 
-    load_profile(profile_name, gpus)  # a bad profile is refused before anything starts
+    if nodes and (gpus is not None or profile_name != "h100"):
+        fail("--profile and --gpus are for the one node of a cluster without --node: give each --node its own")
+    if not nodes:
+        load_profile(profile_name, gpus)  # a bad profile is refused before anything starts
     options = Options(
         base=base.absolute(),
         profile=profile_name,
         gpus=gpus,
+        nodes=nodes,
         allocator=allocator,
         device_list_strategy=device_list_strategy,
         mig_strategy=mig_strategy,
@@ -99,8 +132,9 @@ def up_cmd(
         fail(f"interrupted; torn down, {base}", 130)
         return
     kubectl = binaries.cached()
+    names = ", ".join(n.name for n in c.nodes)
     click.echo(
-        f"cluster up in {time.monotonic() - t0:.1f}s: node {c.node_name} Ready, "
+        f"cluster up in {time.monotonic() - t0:.1f}s: {'node' if len(c.nodes) == 1 else 'nodes'} {names} Ready, "
         f"{c.allocatable_gpus()} nvidia.com/gpu allocatable; kubectl: {kubectl['kubectl'] if kubectl else '?'}",
         err=True,
     )
@@ -137,12 +171,22 @@ def status_cmd(base: Path) -> None:
     click.echo(f"server      {status['server']}")
     click.echo(f"kubeconfig  {status['kubeconfig']}")
     click.echo(f"allocator   {status['allocator']}")
-    click.echo(f"node        {'Ready' if status['node_ready'] else 'not ready'}")
+    ready = sum(1 for n in status["nodes"] if n["ready"])
+    click.echo(f"nodes       {ready} of {len(status['nodes'])} Ready")
     gpus, dra = status["allocatable_gpus"], status["dra_devices"]
     click.echo(f"gpus        {gpus} nvidia.com/gpu allocatable, {dra} in ResourceSlices")
     for name, state in status["processes"].items():
         click.echo(f"  {name:<26}{state}")
+    click.echo(f"{'node':<20}{'profile':<18}{'rack':<16}{'gpus':>5}{'allocatable':>13}{'slices':>8}  ready")
+    for n in status["nodes"]:
+        click.echo(
+            f"{n['name']:<20}{n['profile']:<18}{n['rack'] or '-':<16}{n['gpus']:>5}{n['allocatable_gpus']:>13}"
+            f"{n['dra_devices']:>8}  {'Ready' if n['ready'] else 'not ready'}"
+        )
+        for name, state in n["processes"].items():
+            click.echo(f"  {name:<26}{state}")
     healthy = status["node_ready"] and all(s == "running" for s in status["processes"].values())
+    healthy = healthy and all(s == "running" for n in status["nodes"] for s in n["processes"].values())
     sys.exit(0 if healthy else 1)
 
 
@@ -164,13 +208,21 @@ def status_cmd(base: Path) -> None:
     show_default=True,
     help="Pods per side (2 GPUs / none), interleaved.",
 )
-def bench_cluster(profile_name: str, ups: int, pods: int) -> None:
-    """Warm `cluster up` → node Ready (target <= 30 s); pod with 2 GPUs vs none: create → Running (ratio <= 1.2)."""
+@node_option("Bench fleets of these nodes instead (cycled to 1, 2, 3 and 4 nodes; --ups runs each).")
+def bench_cluster(profile_name: str, ups: int, pods: int, nodes: tuple[Any, ...]) -> None:
+    """Warm `cluster up` → node Ready (target <= 30 s); pod with 2 GPUs vs none: create → Running (ratio <= 1.2).
+
+    With --node: fleets of 1, 2, 3 and 4 nodes (the given nodes, cycled) → all Ready (target: 3 nodes
+    <= 45 s), and the memory each node's processes take (target <= 400 MiB).
+    """
     from testbed.kube import bench as cluster_bench
     from testbed.kube.cluster import ClusterError
 
     load_profile(profile_name, None)
     try:
+        if nodes:
+            cluster_bench.run_fleet(nodes, ups)
+            return
         cluster_bench.run(profile_name, ups, pods)
     except ClusterError as exc:
         fail(f"{exc}, mokka bench cluster")

@@ -28,12 +28,16 @@ OPTION_NAMES = {
 }
 
 
-def _target(root: Path | None, driver_root: Path | None, state_file: Path | None) -> Target:
+def _target(
+    root: Path | None, driver_root: Path | None, state_file: Path | None, node: str | None, cluster_dir: Path
+) -> Target:
     from gpumodel import faults
 
-    chosen = [o for o in (driver_root, state_file) if o is not None]
+    chosen = [o for o in (driver_root, state_file, node) if o is not None]
     if len(chosen) > 1 or (chosen and root is not None):
-        fail("give one of --root, --driver-root and --state, --root")
+        fail("give one of --root, --driver-root, --state and --node, --root")
+    if node is not None:
+        root = _cluster_node_root(node, cluster_dir)
     try:
         if driver_root is not None:
             return faults.for_driver_root(driver_root)
@@ -47,8 +51,33 @@ def _target(root: Path | None, driver_root: Path | None, state_file: Path | None
     raise AssertionError("unreachable")
 
 
+def _cluster_node_root(node: str, cluster_dir: Path) -> Path:
+    """The staged mock node of node ``node`` of the local cluster under ``cluster_dir``."""
+    from testbed.kube.cluster import Cluster, ClusterError
+
+    try:
+        return Cluster.load(cluster_dir).node(node).layout.node_root
+    except ClusterError as exc:
+        fail(f"{exc}, --node {node} --cluster-dir {cluster_dir}")
+    raise AssertionError("unreachable")
+
+
 def where_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--root / --driver-root / --state: which node's state to change."""
+    """--root / --driver-root / --state / --node: which node's state to change."""
+    fn = click.option(
+        "--cluster-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default="/run/mokka-cluster",
+        show_default=True,
+        help="With --node: the local cluster's --dir.",
+    )(fn)
+    fn = click.option(
+        "--node",
+        default=None,
+        metavar="NAME",
+        help="A node of the local cluster (`mokka cluster up`; its names: `mokka cluster status`): only that "
+        "node's GPUs change.",
+    )(fn)
     fn = click.option(
         "--state",
         "state_file",
@@ -81,8 +110,8 @@ def inject(kind: str) -> Callable[[Callable[..., dict[str, Any]]], Callable[...,
 
     def wrap(build: Callable[..., dict[str, Any]]) -> Callable[..., None]:
         @functools.wraps(build)
-        def command(root: Path | None, driver_root: Path | None, state_file: Path | None, gpu: str | None,
-                    **kwargs: Any) -> None:  # fmt: skip
+        def command(root: Path | None, driver_root: Path | None, state_file: Path | None, node: str | None,
+                    cluster_dir: Path, gpu: str | None, **kwargs: Any) -> None:  # fmt: skip
             from pydantic import TypeAdapter, ValidationError
 
             from gpumodel import faults
@@ -95,7 +124,7 @@ def inject(kind: str) -> Callable[[Callable[..., dict[str, Any]]], Callable[...,
                 field = next((str(p) for p in reversed(err["loc"]) if isinstance(p, str) and p != kind), "")
                 where = OPTION_NAMES.get(field, f"--{field}") if field else kind
                 fail(f"{kind}: {err['msg'].removeprefix('Value error, ')}, {where}")
-            target = _target(root, driver_root, state_file)
+            target = _target(root, driver_root, state_file, node, cluster_dir)
             try:
                 chosen = faults.select(faults.gpus(target), gpu)
                 results = faults.apply(target, [(chosen, fault)])
@@ -283,11 +312,13 @@ def clear(everything: bool) -> dict[str, Any]:
 
 @fault.command("list")
 @where_options
-def list_(root: Path | None, driver_root: Path | None, state_file: Path | None) -> None:
+def list_(
+    root: Path | None, driver_root: Path | None, state_file: Path | None, node: str | None, cluster_dir: Path
+) -> None:
     """What is in effect on each GPU, and its recent events."""
     from gpumodel import faults
 
-    target = _target(root, driver_root, state_file)
+    target = _target(root, driver_root, state_file, node, cluster_dir)
     try:
         active = faults.active(target)
     except faults.FaultError as exc:
@@ -325,6 +356,8 @@ def run(
     root: Path | None,
     driver_root: Path | None,
     state_file: Path | None,
+    node: str | None,
+    cluster_dir: Path,
 ) -> None:
     """Replay SCENARIO (a shipped name or a YAML file) against the node, deterministically."""
     from gpumodel import faults, scenario
@@ -333,7 +366,7 @@ def run(
         s = scenario.load(scenario_name)
     except scenario.ScenarioError as exc:
         fail(str(exc))
-    target = _target(root, driver_root, state_file)
+    target = _target(root, driver_root, state_file, node, cluster_dir)
     try:
         if dry_run:
             events = s.timeline(faults.gpus(target), seed)

@@ -5,22 +5,33 @@
 - pod created → Running, a pod asking for 2 GPUs against one asking for none, interleaved on
   one cluster (each pod runs ``sleep``; deleted before the next). Target: median ratio <= 1.2.
 
+With nodes (``mokka bench cluster --node ...``), the fleet instead: warm ``up`` → every node Ready
+for fleets of 1, 2, 3 and 4 nodes (the specs given, cycled), and the memory each node adds (the RSS
+of its own processes: namespace holder, containerd, kubelet, NRI plugin, device plugin), beside the
+control plane's. Targets: 3 nodes Ready <= 45 s, a node <= 400 MiB.
+
 Figures are printed with their targets; a missed target is marked MISSED. Nothing asserts on them.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .cluster import Cluster, ClusterError, Options
 from .images import WORKLOAD_IMAGE
+from .nodespec import NodeSpec
 
 TARGET_READY_S = 30.0
 TARGET_POD_RATIO = 1.2
+TARGET_FLEET3_READY_S = 45.0
+TARGET_NODE_MIB = 400.0
+FLEET_SIZES = (1, 2, 3, 4)
 POLL = 0.02
 
 
@@ -111,3 +122,56 @@ def run(profile: str, ups: int, pods: int) -> None:
     _row("  ratio (2 GPUs / none)", ratio, "<= 1.2", ratio > TARGET_POD_RATIO, unit="")
     spread = f"{min(with_gpus):.2f}-{max(with_gpus):.2f} s vs {min(without):.2f}-{max(without):.2f} s"
     print(f"{'  spread (min-max)':<46}{spread:>10}", flush=True)
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def memory(c: Cluster) -> tuple[float, list[float]]:
+    """MiB of RSS: the control plane's processes, and each node's own."""
+    procs = c.procs
+    control = sum(_rss_mib(p.pid) for p in procs if "@" not in p.name and p.alive())
+    nodes = [sum(_rss_mib(p.pid) for p in procs if p.name.endswith(f"@{n.name}") and p.alive()) for n in c.nodes]
+    return control, nodes
+
+
+def run_fleet(specs: Sequence[NodeSpec], ups: int) -> None:
+    ready: dict[int, list[float]] = {}
+    full: dict[int, list[float]] = {}
+    per_node: list[float] = []
+    control: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="mokka-bench-fleet-") as tmp:
+        # The first `up` builds or fetches whatever the cache lacks: it is not timed.
+        Cluster.up(Options(base=Path(tmp) / "warm", nodes=tuple(specs[:1])), progress=lambda s: None).down()
+        for size in FLEET_SIZES:
+            fleet = tuple(itertools.islice(itertools.cycle(specs), size))
+            for i in range(ups):
+                t0 = time.monotonic()
+                c = Cluster.up(Options(base=Path(tmp) / f"f{size}-{i}", nodes=fleet), progress=lambda s: None)
+                full.setdefault(size, []).append(time.monotonic() - t0)
+                ready.setdefault(size, []).append(c.state.timings["node Ready"])
+                if size == FLEET_SIZES[-1]:
+                    time.sleep(2)  # the plugins' start-up allocations settle
+                    cp, nodes = memory(c)
+                    control.append(cp)
+                    per_node += nodes
+                if problems := c.down():
+                    raise ClusterError("; ".join(problems))
+    print(f"{'figure':<46}{'median':>10}    {'target':>16}", flush=True)
+    for size in FLEET_SIZES:
+        med = statistics.median(ready[size])
+        target, missed = ("<= 45 s", med > TARGET_FLEET3_READY_S) if size == 3 else ("", False)
+        _row(f"{size} node(s): cluster up (warm) -> all Ready, {ups} runs", med, target, missed)
+        _row(f"{size} node(s): -> GPUs allocatable + GFD", statistics.median(full[size]))
+    node_mib = statistics.median(per_node)
+    _row(f"RSS per node ({FLEET_SIZES[-1]}-node fleets)", node_mib, "<= 400 MiB", node_mib > TARGET_NODE_MIB, "MiB")
+    _row("  largest node", max(per_node), unit="MiB")
+    _row("RSS of the control plane", statistics.median(control), unit="MiB")
+    print(f"{'  nodes':<46}{', '.join(str(s) for s in specs):>10}", flush=True)

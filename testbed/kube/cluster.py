@@ -1,17 +1,19 @@
-"""A real single-node Kubernetes with mock GPUs, on this machine, without Docker.
+"""A real Kubernetes with mock GPU nodes, on this machine, without Docker: one node, or a fleet.
 
-``Cluster.up(Options(base=DIR))`` stages the mock node under ``DIR/node``, generates a CA and
-certificates, starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler, a private
-containerd 2.1 (CRI, CDI and NRI on) and kubelet — all on loopback, on free ports, inside one
-private mount namespace (:mod:`.namespace`) — then the NRI plugin, NVIDIA's device plugin (or a
-DRA driver) and GPU Feature Discovery, and waits until the node is Ready with its GPUs
-allocatable. ``Cluster.load(DIR).down()`` stops everything and leaves no process, mount, cgroup,
-network interface or file outside DIR and the cache; DIR itself is removed.
+``Cluster.up(Options(base=DIR, nodes=(NodeSpec("h100"), NodeSpec("t4", 2))))`` stages one mock
+node per spec, generates a CA and certificates, starts one control plane (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler: loopback, free ports, a mount namespace of its own whose
+/etc/hosts names every node) and, for every node, its own private mount namespace, containerd 2.1
+(CRI, CDI and NRI on), kubelet, NRI plugin, NVIDIA's device plugin (or a DRA driver) and GPU
+Feature Discovery (:mod:`.node`), and waits until every node is Ready with its GPUs allocatable.
+Without ``nodes`` the cluster has the one node ``localhost`` of ``profile``/``gpus``.
+``Cluster.load(DIR).down()`` stops everything and leaves no process, mount, cgroup, network
+interface or file outside DIR and the cache; DIR itself is removed.
 
 For tests and later plugins: :meth:`Cluster.api` (a ``kubernetes`` client), :meth:`Cluster.kubectl`,
-:meth:`Cluster.run` (a command inside the cluster's mount namespace, e.g. a client of a kubelet
-socket) and :meth:`Cluster.spawn` (a long-running host process in that namespace, stopped by
-``down``).
+:meth:`Cluster.node` (a :class:`~.node.Node`: ``run`` a command in its namespace, ``spawn`` a
+process there, its allocatable GPUs), and :meth:`Cluster.run`/:meth:`Cluster.spawn`, which do
+that on the first node.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from gpumodel import profile as profiles
 from testbed import containerd_dist, debcache, gotool, kubelet_api, nvidia_smi
 
 from . import binaries, cgroups, config, gpustack, images, namespace, process, versions
-from .config import Layout, Ports
+from .config import Layout, NodePorts, Ports
 from .gobuild import BuildError
+from .node import Node, new_record
+from .nodespec import NodeSpec, resolve
 from .pki import Pki
 
 Progress = Callable[[str], None]
@@ -58,6 +62,10 @@ class Options:
     keep_on_failure: bool = False  # leave a failed cluster running for inspection (then `down`)
     nri_plugin: bool = True  # False: none is started (e.g. the Helm chart's DaemonSet brings its own)
     mig_strategy: str = "none"  # the device plugin's and GFD's --mig-strategy: none | single | mixed
+    nodes: tuple[NodeSpec, ...] = ()  # a fleet (each node <profile>-<i>); () = one node "localhost" of profile/gpus
+
+    def specs(self) -> tuple[NodeSpec, ...]:
+        return self.nodes or (NodeSpec(self.profile, self.gpus),)
 
 
 @dataclass
@@ -66,11 +74,11 @@ class State:
 
     options: dict[str, Any]
     ports: dict[str, int]
-    namespace_inode: int = 0
+    namespace_inode: int = 0  # the control plane's mount namespace
     procs: list[dict[str, Any]] = field(default_factory=list)
-    cgroup_root: str = ""
+    cgroup_prefix: str = ""
     bridge: str = ""
-    gpus: int = 0
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # node.new_record()s, in order
     timings: dict[str, float] = field(default_factory=dict)
     nri_external: bool = False
     host_sysctls: dict[str, str] = field(default_factory=dict)  # the host's values when the cluster came up
@@ -121,18 +129,42 @@ class Cluster:
         return self.layout.admin_kubeconfig
 
     @property
+    def nodes(self) -> list[Node]:
+        return [Node(self, i) for i in range(len(self.state.nodes))]
+
+    def node(self, name: str | None = None) -> Node:
+        """Node ``name`` (default: the first node)."""
+        nodes = self.nodes
+        if not nodes:
+            raise ClusterError("the cluster has no node")
+        if name is None:
+            return nodes[0]
+        for n in nodes:
+            if n.name == name:
+                return n
+        raise ClusterError(f"no node {name!r} in this cluster (its nodes: {', '.join(n.name for n in nodes)})")
+
+    @property
     def node_name(self) -> str:
-        return "localhost"
+        return self.node().name
 
     @property
     def procs(self) -> list[process.Proc]:
         return [process.Proc(**p) for p in self.state.procs]
 
     def proc(self, name: str) -> process.Proc | None:
-        return next((p for p in self.procs if p.name == name), None)
+        """Process ``name``: the control plane's, a node's (``<process>@<node>``), or else the first
+        node's ``<process>`` (as :meth:`spawn` names it)."""
+        procs = self.procs
+        found = next((p for p in procs if p.name == name), None)
+        if found is None and "@" not in name and self.state.nodes:
+            first = f"{name}@{self.state.nodes[0]['name']}"
+            found = next((p for p in procs if p.name == first), None)
+        return found
 
     @property
     def holder(self) -> int | None:
+        """The control plane's namespace holder."""
         p = self.proc("namespace")
         return p.pid if p and p.alive() else None
 
@@ -157,39 +189,69 @@ class Cluster:
         return res
 
     def run(self, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` inside the cluster's mount namespace (where kubelet's sockets are)."""
-        if self.holder is None:
-            raise ClusterError("the cluster's namespace is gone (is the cluster down?)")
+        """Run ``argv`` inside the first node's mount namespace (where its kubelet's sockets are)."""
+        return self.node().run(argv, **kw)  # type: ignore[no-any-return]
+
+    def run_in(self, holder: int | None, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        if holder is None:
+            raise ClusterError("the namespace is gone (is the cluster down?)")
         kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
-        return subprocess.run(process.in_namespace(self.holder, argv), check=False, **kw)
+        return subprocess.run(process.in_namespace(holder, argv), check=False, **kw)
 
     def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> process.Proc:
-        """Start a long-running process in the namespace; ``down`` stops it (before kubelet)."""
+        """Start a long-running process in the first node's namespace; ``down`` stops it (before kubelet)."""
+        return self.node().spawn(name, argv, env)
+
+    def stop_process(self, name: str) -> None:
+        """Stop process ``name`` (a node's own, ``<process>@<node>``, or the first node's ``<process>``)."""
+        p = self.proc(name)
+        if p is not None:
+            p.stop()
+            self.state.procs = [q for q in self.state.procs if q["name"] != p.name]
+            self.save()
+
+    def spawn_in(
+        self, holder: int | None, name: str, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+    ) -> process.Proc:
         if self.proc(name) is not None and self.proc(name).alive():  # type: ignore[union-attr]
             raise ClusterError(f"a process named {name!r} runs already")
-        proc = process.spawn(name, argv, self.layout.logs / f"{name}.log", holder=self.holder, env=env)
+        proc = process.spawn(name, argv, log, holder=holder, env=env)
         self.state.procs = [p for p in self.state.procs if p["name"] != name] + [asdict(proc)]
         self.save()
         return proc
 
-    def stop_process(self, name: str) -> None:
-        p = self.proc(name)
-        if p is not None:
-            p.stop()
-            self.state.procs = [q for q in self.state.procs if q["name"] != name]
-            self.save()
+    def start_holder(self, name: str, spec: dict[str, Any], ns_dir: Path, logs: Path) -> int:
+        """A namespace holder (:mod:`.namespace`) with ``spec``'s mounts; the namespace's inode."""
+        ns_dir.mkdir(parents=True, exist_ok=True)
+        spec_file = ns_dir / "spec.json"
+        spec_file.write_text(json.dumps(spec, indent=1))
+        ready = ns_dir / "ready"
+        argv = ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-m", namespace.__name__]
+        holder = process.spawn(name, [*argv, str(spec_file), str(ready)], logs / "namespace.log", holder=None)
+        self.state.procs.append(asdict(holder))
+        self.save()
+        self.wait(name, ready.exists, timeout=30)
+        inode = os.stat(f"/proc/{holder.pid}/ns/mnt").st_ino
+        self.save()
+        return inode
 
-    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def ctr_at(self, socket: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         bindir = containerd_dist.fetch(config_version(), self._cache)
-        argv = [str(bindir / "ctr"), "-a", str(self.layout.containerd_socket), "-n", "k8s.io", *args]
+        argv = [str(bindir / "ctr"), "-a", str(socket), "-n", "k8s.io", *args]
         res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         if check and res.returncode != 0:
             raise ClusterError(f"ctr {' '.join(args)}: {res.stderr.strip()}")
         return res
 
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``ctr`` on the first node's containerd."""
+        return self.ctr_at(self.node().layout.containerd_socket, *args, check=check)
+
     def import_image(self, tarball: Path) -> None:
-        self.ctr("images", "import", str(tarball.absolute()))
+        """Import an image archive into every node's containerd."""
+        for n in self.nodes:
+            n.ctr("images", "import", str(tarball.absolute()))
 
     @property
     def _cache(self) -> Path | None:
@@ -198,42 +260,48 @@ class Cluster:
 
     # ------------------------------------------------------------------ status
 
-    def node(self) -> dict[str, Any] | None:
-        """The Node object as the API server has it (None while it is unreachable or absent)."""
-        try:
-            return self._get(f"/api/v1/nodes/{self.node_name}")
-        except ClusterError:
-            return None
-
     def node_ready(self) -> bool:
-        node = self.node()
-        conditions = (node or {}).get("status", {}).get("conditions", [])
-        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        """Every node Ready."""
+        return all(n.ready() for n in self.nodes)
 
     def allocatable_gpus(self) -> int:
         return self.allocatable("nvidia.com/gpu")
 
     def allocatable(self, resource: str) -> int:
-        node = self.node() or {}
-        return int(node.get("status", {}).get("allocatable", {}).get(resource, "0"))
+        """``resource`` allocatable over every node."""
+        return sum(n.allocatable(resource) for n in self.nodes)
 
     def slice_devices(self) -> int:
-        """Devices the node's ResourceSlices publish (0 while none, or the API is unreachable)."""
-        try:
-            found = self._get(f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={self.node_name}")
-        except ClusterError:
-            return 0
-        return sum(len(item.get("spec", {}).get("devices", [])) for item in found.get("items", []))
+        """Devices every node's ResourceSlices publish."""
+        return sum(n.slice_devices() for n in self.nodes)
 
     def status(self) -> dict[str, Any]:
+        nodes = []
+        for n in self.nodes:
+            procs = {p.name.rsplit("@", 1)[0]: p for p in self.procs if p.name.endswith(f"@{n.name}")}
+            nodes.append(
+                {
+                    "name": n.name,
+                    "profile": n.record.get("spec") or n.record.get("profile"),
+                    "product": n.record.get("product"),
+                    "rack": n.record.get("rack"),
+                    "gpus": n.gpus,
+                    "ready": n.ready(),
+                    "allocatable_gpus": n.allocatable(),
+                    "dra_devices": n.slice_devices(),
+                    "processes": {name: ("running" if p.alive() else "exited") for name, p in procs.items()},
+                }
+            )
+        control = {p.name: ("running" if p.alive() else "exited") for p in self.procs if "@" not in p.name}
         return {
             "dir": str(self.layout.base),
             "server": self.server,
             "kubeconfig": str(self.kubeconfig),
-            "processes": {p.name: ("running" if p.alive() else "exited") for p in self.procs},
-            "node_ready": self.node_ready(),
-            "allocatable_gpus": self.allocatable_gpus(),
-            "dra_devices": self.slice_devices(),
+            "processes": control,
+            "nodes": nodes,
+            "node_ready": all(n["ready"] for n in nodes),
+            "allocatable_gpus": sum(n["allocatable_gpus"] for n in nodes),
+            "dra_devices": sum(n["dra_devices"] for n in nodes),
             "allocator": self.state.options.get("allocator"),
         }
 
@@ -243,7 +311,7 @@ class Cluster:
         ctx.load_cert_chain(str(pki.path("admin.crt")), str(pki.path("admin.key")))
         return ctx
 
-    def _get(self, path: str, timeout: float = 5) -> dict[str, Any]:
+    def get(self, path: str, timeout: float = 5) -> dict[str, Any]:
         try:
             with urllib.request.urlopen(self.server + path, context=self._ssl(), timeout=timeout) as res:
                 data: dict[str, Any] = json.loads(res.read())
@@ -251,29 +319,27 @@ class Cluster:
         except (OSError, ValueError) as exc:
             raise ClusterError(f"GET {path}: {exc}") from None
 
-    def _request(self, method: str, path: str, body: Any, content_type: str) -> dict[str, Any]:
+    def patch(self, path: str, body: Any) -> dict[str, Any]:
         req = urllib.request.Request(
-            self.server + path, data=json.dumps(body).encode(), method=method, headers={"Content-Type": content_type}
+            self.server + path,
+            data=json.dumps(body).encode(),
+            method="PATCH",
+            headers={"Content-Type": "application/merge-patch+json"},
         )
         try:
             with urllib.request.urlopen(req, context=self._ssl(), timeout=10) as res:
                 data: dict[str, Any] = json.loads(res.read())
                 return data
         except (OSError, ValueError) as exc:
-            raise ClusterError(f"{method} {path}: {exc}") from None
+            raise ClusterError(f"PATCH {path}: {exc}") from None
 
-    def label_node(self, labels: Mapping[str, str]) -> None:
-        self._request(
-            "PATCH",
-            f"/api/v1/nodes/{self.node_name}",
-            {"metadata": {"labels": dict(labels)}},
-            "application/merge-patch+json",
-        )
+    def label_node(self, labels: Mapping[str, str], node: str | None = None) -> None:
+        self.node(node).label(labels)
 
     def wait(self, what: str, check: Callable[[], bool], timeout: float = READY_TIMEOUT) -> float:
         t0 = time.monotonic()
         while not check():
-            dead = [p.name for p in self.procs if not p.alive() and p.name != "gfd"]
+            dead = [p.name for p in self.procs if not p.alive() and not p.name.startswith("gfd")]
             if dead:
                 raise ClusterError(f"waiting for {what}: {', '.join(dead)} exited; logs in {self.layout.logs}")
             if time.monotonic() - t0 > timeout:
@@ -303,17 +369,22 @@ class Cluster:
         if layout.base.exists() and any(layout.base.iterdir()):
             raise ClusterError(f"the directory is in use (a cluster? mokka cluster down --dir {layout.base})")
         try:
-            prof = profiles.load(options.profile).with_count(options.gpus)
-        except (profiles.ProfileError, ValueError) as exc:
-            raise ClusterError(f"profile {options.profile}: {exc}") from None
-        if len(str(layout.containerd_socket)) + len(".ttrpc") > 100:
+            resolved = resolve(options.specs(), fleet_names=bool(options.nodes))
+        except ValueError as exc:
+            raise ClusterError(str(exc) if options.nodes else f"profile {options.profile}: {exc}") from None
+        longest = max(len(str(layout.node(r.name, i).containerd_socket)) for i, r in enumerate(resolved))
+        if longest + len(".ttrpc") > 100:
             raise ClusterError("the path is too long for containerd's sockets; choose a shorter --dir")
         opts = {**asdict(options), "base": str(layout.base), "cache": str(options.cache) if options.cache else None}
-        state = State(options=opts, ports={}, cgroup_root=layout.cgroup_root, bridge=layout.bridge)
+        state = State(options=opts, ports={}, cgroup_prefix=layout.cgroup_prefix, bridge=layout.bridge)
+        taken: set[int] = set()
+        state.ports = asdict(Ports.choose(taken))
+        state.nodes = [new_record(r.name, r.profile, str(r.spec), r.rack, NodePorts.choose(taken)) for r in resolved]
         cluster = cls(layout, state)
         layout.base.mkdir(parents=True, exist_ok=True)
+        cluster.save()
         try:
-            cluster._up(prof, options, progress)
+            cluster._up([r.profile for r in resolved], options, progress)
         except BaseException:
             if options.keep_on_failure:
                 progress(f"failed; left for inspection (logs: {layout.logs}); mokka cluster down --dir {layout.base}")
@@ -332,12 +403,28 @@ class Cluster:
         self.state.timings[title] = round(took, 2)
         progress(f"{title} ({took:.1f}s)")
 
-    def _up(self, prof: profiles.Profile, options: Options, progress: Progress) -> None:
+    def _each(self, what: str, fn: Callable[[Node], object]) -> None:
+        """``fn`` on every node; a failure names the node and the step."""
+        for n in self.nodes:
+            try:
+                fn(n)
+            except ClusterError as exc:
+                raise ClusterError(f"node {n.name}: {what}: {exc}") from None
+            except (OSError, subprocess.SubprocessError, ValueError) as exc:
+                raise ClusterError(f"node {n.name}: {what}: {exc}") from None
+
+    def _wait_each(self, what: str, check: Callable[[Node], bool], timeout: float = READY_TIMEOUT) -> None:
+        """Wait until ``check`` holds for every node; a timeout names the nodes still waiting."""
+        try:
+            self.wait(what, lambda: all(check(n) for n in self.nodes), timeout)
+        except ClusterError as exc:
+            waiting = [n.name for n in self.nodes if not check(n)]
+            raise ClusterError(f"node {', '.join(waiting) or '?'}: {exc}") from None
+
+    def _up(self, profs: list[profiles.Profile], options: Options, progress: Progress) -> None:
         layout, cache = self.layout, options.cache
         t_start = time.monotonic()
-        self.state.ports = asdict(Ports.choose())
-        self.state.gpus = prof.gpu_count
-        self.save()
+        nodes = self.nodes
         with self._step(progress, "binaries: Kubernetes, device plugin, etcd, containerd, CNI"):
             # The first run builds and fetches them into the cache (a pip-installed mokka too).
             try:
@@ -356,130 +443,84 @@ class Cluster:
             except OSError as exc:
                 raise ClusterError(f"binaries: {exc}") from None
             cni_bin = bins.cni
-        with self._step(progress, f"mock node: {prof.gpu_count}x {prof.gpu.name} staged under {layout.node_root}"):
-            gpustack.stage_node(layout, prof, smi)
+        staged = ", ".join(f"{n.name}: {p.gpu_count}x {p.gpu.name}" for n, p in zip(nodes, profs, strict=True))
+        with self._step(progress, f"mock nodes staged ({staged})"):
+            by_name = {n.name: prof for n, prof in zip(nodes, profs, strict=True)}
+            self._each("mock node", lambda n: n.stage(by_name[n.name], smi))
         with self._step(progress, "certificates and kubeconfigs"):
             pki = Pki(layout.pki)
-            pki.generate()
-            for name in ("admin", "controller-manager", "scheduler", "kubelet"):
+            pki.generate([n.name for n in nodes])
+            for name in ("admin", "controller-manager", "scheduler"):
                 pki.kubeconfig(name, self.server, layout.kubeconfigs / f"{name}.conf")
-            config.write_kubelet_config(layout, self.ports)
-            config.write_containerd_config(layout, runc, cni_bin)
-            config.write_cni_config(layout)
-        with self._step(progress, "private mount namespace (kubelet's host paths, sysctls, the GPUs' sysfs)"):
-            self._start_namespace()
-        with self._step(progress, "etcd, kube-apiserver, containerd 2.1"):
-            self.spawn("etcd", config.etcd_argv(bins.etcd, layout, self.ports))
-            self.spawn("kube-apiserver", config.apiserver_argv(bins["kube-apiserver"], layout, self.ports))
-            self.spawn(
-                "containerd",
-                [str(ctrd / "containerd"), "--config", str(layout.containerd / "config.toml")],
-                env={"PATH": f"{ctrd}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
+            for n in nodes:
+                pki.kubeconfig(f"kubelet-{n.name}", self.server, n.layout.kubeconfig)
+                n.write_configs(runc, cni_bin)
+        with self._step(progress, "private mount namespaces (control plane; each node's host paths, sysctls, GPUs)"):
+            layout.ns.mkdir(parents=True, exist_ok=True)
+            layout.hosts_file.write_text(config.hosts([n.name for n in nodes]))
+            self.state.namespace_inode = self.start_holder(
+                "namespace", {"binds": [[str(layout.hosts_file), "/etc/hosts"]]}, layout.ns, layout.logs
             )
-            self.wait(
-                "containerd",
-                lambda: layout.containerd_socket.exists() and self.ctr("version", check=False).returncode == 0,
-            )
-            for tarball in images.build(layout.images, smi, cache):
-                self.import_image(tarball)
+            self.state.host_sysctls = {key: Path("/proc/sys", key).read_text().strip() for key in config.SYSCTLS}
+            self._each("private mount namespace", lambda n: n.start_namespace(self.state.host_sysctls))
+            self.save()
+        with self._step(progress, f"etcd, kube-apiserver; containerd 2.1 on {len(nodes)} node(s)"):
+            etcd = config.etcd_argv(bins.etcd, layout, self.ports)
+            self.spawn_in(self.holder, "etcd", etcd, layout.logs / "etcd.log")
+            apiserver = config.apiserver_argv(bins["kube-apiserver"], layout, self.ports)
+            self.spawn_in(self.holder, "kube-apiserver", apiserver, layout.logs / "kube-apiserver.log")
+            self._each("containerd", lambda n: n.start_containerd(ctrd))
+            self._wait_each("containerd", lambda n: n.containerd_up())
+            tarballs = images.build(layout.images, smi, cache)
+            self._each("images", lambda n: [n.ctr("images", "import", str(t.absolute())) for t in tarballs])
             self.wait("kube-apiserver /readyz", self._apiserver_ready)
         # A device plugin or DRA driver allocates: the NRI plugin gives each container what it got.
         self.state.nri_external = options.allocator != "none" and options.nri_plugin
         if options.nri_plugin:
             with self._step(progress, f"NRI plugin (allocator {'external' if self.state.nri_external else 'nri'})"):
-                self._start_nri(self.state.nri_external)
-        with self._step(progress, "controller-manager, scheduler, kubelet: node Ready"):
-            self.spawn(
-                "kube-controller-manager", config.controller_manager_argv(bins["kube-controller-manager"], layout)
-            )
-            self.spawn("kube-scheduler", config.scheduler_argv(bins["kube-scheduler"], layout))
-            cgroups.create(layout.cgroup_root)
-            self.spawn("kubelet", config.kubelet_argv(bins["kubelet"], layout))
-            self.wait("node Ready", self.node_ready)
+                self._each("NRI plugin", lambda n: n.start_nri(self.state.nri_external))
+                self._wait_each("NRI plugin registered", lambda n: n.nri_registered(), timeout=30)
+        ready_what = "node Ready" if len(nodes) == 1 else f"all {len(nodes)} nodes Ready"
+        with self._step(progress, f"controller-manager, scheduler, kubelet: {ready_what}"):
+            cm = config.controller_manager_argv(bins["kube-controller-manager"], layout)
+            self.spawn_in(self.holder, "kube-controller-manager", cm, layout.logs / "kube-controller-manager.log")
+            scheduler = config.scheduler_argv(bins["kube-scheduler"], layout)
+            self.spawn_in(self.holder, "kube-scheduler", scheduler, layout.logs / "kube-scheduler.log")
+            self._each("kubelet", lambda n: n.start_kubelet(bins["kubelet"]))
+            self._wait_each("node Ready", lambda n: n.ready())
             self.wait("default service account", self._default_service_account)
         self.state.timings["node Ready"] = round(time.monotonic() - t_start, 2)
         if options.allocator == "device-plugin":
             with self._step(
                 progress, f"NVIDIA device plugin {versions.DEVICE_PLUGIN} ({options.device_list_strategy})"
             ):
-                argv = gpustack.device_plugin_argv(
-                    bins["nvidia-device-plugin"],
-                    layout,
-                    options.device_list_strategy,
-                    bins["nvidia-cdi-hook"],
-                    options.mig_strategy,
-                )
-                self.spawn("nvidia-device-plugin", argv, env=gpustack.nvml_env(layout))
-                want = gpustack.expected_allocatable(prof, options.mig_strategy)
-                self.wait(
-                    "allocatable " + ", ".join(f"{k} = {v}" for k, v in sorted(want.items())),
-                    lambda: all(self.allocatable(k) == v for k, v in want.items()),
+                self._each(
+                    "device plugin",
+                    lambda n: n.start_device_plugin(
+                        bins["nvidia-device-plugin"], bins["nvidia-cdi-hook"], options.device_list_strategy,
+                        options.mig_strategy,
+                    ),
+                )  # fmt: skip
+                wants = {
+                    n.name: gpustack.expected_allocatable(p, options.mig_strategy)
+                    for n, p in zip(nodes, profs, strict=True)
+                }
+                self._wait_each(
+                    "allocatable GPUs", lambda n: all(n.allocatable(k) == v for k, v in wants[n.name].items())
                 )
         elif options.allocator == "dra":
-            with self._step(progress, f"DRA driver (mokka dra-plugin): a ResourceSlice of {prof.gpu_count} GPUs"):
-                argv_dra = gpustack.dra_driver_argv(layout)
-                if argv_dra is None:
-                    progress("note: no DRA driver in this version; ResourceClaims stay unallocated")
-                else:
-                    self.spawn("dra-driver", argv_dra)
-                    self.wait("the DRA driver's ResourceSlice", lambda: self.slice_devices() == prof.gpu_count)
+            with self._step(progress, "DRA driver (mokka dra-plugin): a ResourceSlice per node"):
+                self._each("DRA driver", lambda n: n.spawn("dra-driver", gpustack.dra_driver_argv(n.layout) or []))
+                self._wait_each("the DRA driver's ResourceSlice", lambda n: n.slice_devices() == n.gpus)
         with self._step(progress, "GPU Feature Discovery (one-shot): node labels"):
-            self.label_node(self.run_gfd(bins["gpu-feature-discovery"]))
+            mig_strategy = options.mig_strategy
+            self._each("GFD", lambda n: n.label(n.run_gfd(bins["gpu-feature-discovery"], mig_strategy)))
         self.state.timings["up"] = round(time.monotonic() - t_start, 2)
         self.save()
 
-    def run_gfd(self, binary: Path) -> dict[str, str]:
-        """GFD one-shot in the namespace; its labels (applied to the node by the caller, NFD's job)."""
-        self.layout.gfd.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **gpustack.nvml_env(self.layout)}
-        mig_strategy = str(self.state.options.get("mig_strategy", "none"))
-        res = self.run(gpustack.gfd_argv(binary, self.layout, mig_strategy), timeout=120, env=env)
-        (self.layout.logs / "gfd.log").write_text(res.stdout + res.stderr)
-        out = self.layout.gfd / "labels"
-        if res.returncode != 0 or not out.exists():
-            raise ClusterError(f"gpu-feature-discovery exited {res.returncode}: {res.stderr.strip()[-1500:]}")
-        return gpustack.parse_labels(out.read_text())
-
-    def _start_namespace(self) -> None:
-        layout = self.layout
-        binds: list[list[str]] = []
-        for host, private in config.PRIVATE_PATHS.items():
-            d = layout.ns / private
-            d.mkdir(parents=True, exist_ok=True)
-            binds.append([str(d), host])
-        sysctl_dir = layout.ns / "sysctl"
-        sysctl_dir.mkdir(parents=True, exist_ok=True)
-        for key in config.SYSCTLS:
-            f = sysctl_dir / key.replace("/", ".")
-            value = Path("/proc/sys", key).read_text()
-            f.write_text(value)
-            self.state.host_sysctls[key] = value.strip()
-            binds.append([str(f), f"/proc/sys/{key}"])
-        sys_binds, links = gpustack.namespace_entries(layout)
-        spec = layout.ns / "spec.json"
-        spec.write_text(json.dumps({"binds": binds + sys_binds, "links": links}, indent=1))
-        ready = layout.ns / "ready"
-        argv = ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-m", namespace.__name__]
-        holder = process.spawn("namespace", [*argv, str(spec), str(ready)], layout.logs / "namespace.log", holder=None)
-        self.state.procs.append(asdict(holder))
-        self.save()
-        self.wait("namespace", ready.exists, timeout=30)
-        self.state.namespace_inode = os.stat(f"/proc/{holder.pid}/ns/mnt").st_ino
-        self.save()
-
-    def _start_nri(self, external: bool) -> None:
-        argv = gpustack.nri_plugin_argv(self.layout, self.ports.nri_health, external)
-        self.spawn("nri-plugin", argv)
-
-        def registered() -> bool:
-            try:
-                url = f"http://127.0.0.1:{self.ports.nri_health}/healthz"
-                with urllib.request.urlopen(url, timeout=1) as res:
-                    return int(json.loads(res.read()).get("registrations", 0)) > 0
-            except (OSError, ValueError):
-                return False
-
-        self.wait("NRI plugin registered", registered, timeout=30)
+    def run_gfd(self, binary: Path, node: str | None = None) -> dict[str, str]:
+        """GFD one-shot on node ``node`` (default: the first); its labels (applied by the caller)."""
+        return self.node(node).run_gfd(binary, str(self.state.options.get("mig_strategy", "none")))
 
     def _apiserver_ready(self) -> bool:
         try:
@@ -490,8 +531,8 @@ class Cluster:
 
     def _default_service_account(self) -> bool:
         try:
-            self._get("/api/v1/namespaces/default/serviceaccounts/default")
-            self._get("/api/v1/namespaces/default/configmaps/kube-root-ca.crt")
+            self.get("/api/v1/namespaces/default/serviceaccounts/default")
+            self.get("/api/v1/namespaces/default/configmaps/kube-root-ca.crt")
             return True
         except ClusterError:
             return False
@@ -504,37 +545,22 @@ class Cluster:
             raise ClusterError("taking a cluster down needs root (its processes, cgroups and bridge are root's)")
         problems: list[str] = []
         layout = self.layout
-        # Hold the namespace open: while this descriptor lives, its inode is not handed to a new
-        # namespace, so "every process in it" never names another one's (nsfs reuses numbers).
-        holder = self.proc("namespace")
-        ns_fd = os.open(f"/proc/{holder.pid}/ns/mnt", os.O_RDONLY) if holder and holder.alive() else None
-        order = [p.name for p in self.procs if p.name not in ("kubelet", "containerd", "namespace")]
-        # Plugins first (they hold kubelet's and containerd's sockets), then kubelet, the pods,
-        # containerd and its shims, the control plane, and the namespace last.
-        for name in [n for n in order if n not in CONTROL_PLANE] + ["kubelet"]:
-            if (p := self.proc(name)) is not None and p.stop():
-                problems.append(f"{name} ignored SIGTERM")
-        problems += cgroups.remove(layout.cgroup_root)
-        if (p := self.proc("containerd")) is not None and p.stop():
-            problems.append("containerd ignored SIGTERM")
+        # Every node first (plugins, kubelet, pods, containerd and its shims), then the control plane.
+        for n in self.nodes:
+            problems += n.stop()
         for name in CONTROL_PLANE:
             if (p := self.proc(name)) is not None and p.stop():
                 problems.append(f"{name} ignored SIGTERM")
-        if holder is not None:
+        if (holder := self.proc("namespace")) is not None:
             holder.stop()
-        if ns_fd is not None:  # shims, and what they fork while dying (runc), until none is left
-            try:
-                problems += process.kill_mount_namespace(os.fstat(ns_fd).st_ino)
-            finally:
-                os.close(ns_fd)
-        # Whatever names the cluster's directory (a shim's -address, when the namespace was gone).
+        # Whatever names the cluster's directory (a shim's -address, when a namespace was gone).
         problems += process.kill_naming(str(layout.base) + "/")
-        problems += cgroups.remove(layout.cgroup_root)
+        for i in range(len(self.state.nodes)):
+            problems += cgroups.remove(f"{layout.cgroup_prefix}-{i}")
         if Path(f"/sys/class/net/{layout.bridge}").exists():
             res = subprocess.run(["ip", "link", "delete", layout.bridge], capture_output=True, text=True, check=False)
             if res.returncode != 0:
                 problems.append(f"cannot delete bridge {layout.bridge}: {res.stderr.strip()}")
-        problems += gpustack.unstage_node(layout)
         if not problems:
             shutil.rmtree(layout.base, ignore_errors=True)
             if layout.base.exists():
@@ -566,7 +592,8 @@ def leftovers(base: Path) -> list[str]:
             point = line.split()[4]
             if point == str(layout.base) or point.startswith(marker):
                 found.append(f"mount {point}")
-    found += [f"cgroup {d}" for d in cgroups.existing(layout.cgroup_root)]
+    for i in range(config.MAX_NODES):
+        found += [f"cgroup {d}" for d in cgroups.existing(f"{layout.cgroup_prefix}-{i}")]
     if Path(f"/sys/class/net/{layout.bridge}").exists():
         found.append(f"network interface {layout.bridge}")
     if layout.base.exists():

@@ -4,16 +4,17 @@ configuration files, the CNI network. Pure functions of the cluster's :class:`La
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tomlkit
 import yaml
 
-from .pki import NODE_NAME, Pki
+from .pki import Pki
 
 SERVICE_RANGE = "10.96.0.0/16"
 PAUSE_IMAGE = "localhost/mokka/pause:1"
@@ -27,26 +28,50 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class Ports:
-    """Loopback ports of one cluster, chosen free at ``up`` so clusters can coexist."""
+    """Loopback ports of one cluster's control plane, chosen free at ``up`` so clusters can coexist."""
 
     etcd_client: int
     etcd_peer: int
     apiserver: int
+
+    @classmethod
+    def choose(cls, taken: set[int] | None = None) -> Ports:
+        return cls(*_free_ports(3, taken))
+
+
+@dataclass(frozen=True)
+class NodePorts:
+    """Loopback ports of one node: its kubelet's API and health, its NRI plugin's health."""
+
     kubelet: int
     kubelet_healthz: int
     nri_health: int
 
     @classmethod
-    def choose(cls) -> Ports:
-        ports: set[int] = set()
-        while len(ports) < 6:
-            ports.add(free_port())
-        return cls(*sorted(ports))
+    def choose(cls, taken: set[int] | None = None) -> NodePorts:
+        return cls(*_free_ports(3, taken))
+
+
+def _free_ports(count: int, taken: set[int] | None) -> list[int]:
+    ports: set[int] = set()
+    while len(ports) < count:
+        port = free_port()
+        if port not in (taken or set()):
+            ports.add(port)
+    if taken is not None:
+        taken |= ports
+    return sorted(ports)
+
+
+# How many real nodes one cluster holds: the pods' /24 is split into this many address ranges.
+MAX_NODES = 8
+ADDRESSES_PER_NODE = 30
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Every path and name of one cluster under ``base`` (its ``--dir``)."""
+    """Every cluster-wide path and name of one cluster under ``base`` (its ``--dir``); each node's
+    are its :class:`NodeLayout` (:meth:`node`)."""
 
     base: Path
 
@@ -72,6 +97,57 @@ class Layout:
         return self.base / "etcd"
 
     @property
+    def ns(self) -> Path:
+        """The control plane's mount namespace: its hosts file (every node name is loopback)."""
+        return self.base / "ns"
+
+    @property
+    def hosts_file(self) -> Path:
+        return self.ns / "hosts"
+
+    @property
+    def state_file(self) -> Path:
+        """What `down` and `status` read: pids, ports, nodes."""
+        return self.base / "cluster.json"
+
+    @property
+    def images(self) -> Path:
+        return self.base / "images"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.kubeconfigs / "admin.conf"
+
+    @property
+    def cgroup_prefix(self) -> str:
+        return f"/mokka-kube-{self.tag}"
+
+    @property
+    def bridge(self) -> str:
+        """The pods' bridge, shared by every node: pods of different nodes meet on it (one subnet)."""
+        return f"mokka{self.tag[:6]}"
+
+    @property
+    def pod_subnet(self) -> str:
+        return f"10.{200 + int(self.tag[:2], 16) % 50}.{int(self.tag[2:4], 16)}.0/24"
+
+    def node(self, name: str, index: int) -> NodeLayout:
+        return NodeLayout(self, name, index)
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Every path and name of node ``name`` (the ``index``-th) of the cluster ``cluster``."""
+
+    cluster: Layout
+    name: str
+    index: int
+
+    @property
+    def base(self) -> Path:
+        return self.cluster.base / "nodes" / self.name
+
+    @property
     def containerd(self) -> Path:
         return self.base / "containerd"
 
@@ -91,25 +167,25 @@ class Layout:
 
     @property
     def ns(self) -> Path:
-        """Private directories bound over host paths in the cluster's namespace."""
+        """Private directories bound over host paths in the node's mount namespace."""
         return self.base / "ns"
-
-    @property
-    def state_file(self) -> Path:
-        """What `down` and `status` read: pids, ports."""
-        return self.base / "cluster.json"
-
-    @property
-    def images(self) -> Path:
-        return self.base / "images"
 
     @property
     def gfd(self) -> Path:
         return self.base / "gfd"
 
     @property
-    def admin_kubeconfig(self) -> Path:
-        return self.kubeconfigs / "admin.conf"
+    def logs(self) -> Path:
+        return self.cluster.logs / self.name
+
+    @property
+    def kubelet_config(self) -> Path:
+        return self.base / "kubelet.yaml"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The kubelet's credentials (user ``system:node:<name>``)."""
+        return self.cluster.kubeconfigs / f"kubelet-{self.name}.conf"
 
     @property
     def containerd_socket(self) -> Path:
@@ -117,15 +193,14 @@ class Layout:
 
     @property
     def cgroup_root(self) -> str:
-        return f"/mokka-kube-{self.tag}"
+        return f"{self.cluster.cgroup_prefix}-{self.index}"
 
     @property
-    def bridge(self) -> str:
-        return f"mokka{self.tag[:6]}"
-
-    @property
-    def pod_subnet(self) -> str:
-        return f"10.{200 + int(self.tag[:2], 16) % 50}.{int(self.tag[2:4], 16)}.0/24"
+    def pod_range(self) -> tuple[str, str]:
+        """This node's addresses in the cluster's pod subnet (every node's pods share it)."""
+        net = ipaddress.ip_network(self.cluster.pod_subnet)
+        first = 2 + self.index * ADDRESSES_PER_NODE
+        return str(net[first]), str(net[first + ADDRESSES_PER_NODE - 1])
 
 
 # Host paths kubelet, containerd and the plugins use, each backed by a private directory.
@@ -233,9 +308,9 @@ def scheduler_argv(binary: Path, layout: Layout) -> list[str]:
     ]
 
 
-def kubelet_config(layout: Layout, ports: Ports) -> dict[str, Any]:
-    pki = Pki(layout.pki)
-    endpoint = f"unix://{layout.containerd_socket}"
+def kubelet_config(node: NodeLayout, ports: NodePorts) -> dict[str, Any]:
+    pki = Pki(node.cluster.pki)
+    endpoint = f"unix://{node.containerd_socket}"
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -244,8 +319,8 @@ def kubelet_config(layout: Layout, ports: Ports) -> dict[str, Any]:
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": ports.kubelet_healthz,
-        "tlsCertFile": str(pki.path("kubelet-serving.crt")),
-        "tlsPrivateKeyFile": str(pki.path("kubelet-serving.key")),
+        "tlsCertFile": str(pki.path(f"kubelet-serving-{node.name}.crt")),
+        "tlsPrivateKeyFile": str(pki.path(f"kubelet-serving-{node.name}.key")),
         "authentication": {
             "anonymous": {"enabled": False},
             "webhook": {"enabled": True},
@@ -255,7 +330,7 @@ def kubelet_config(layout: Layout, ports: Ports) -> dict[str, Any]:
         "containerRuntimeEndpoint": endpoint,
         "imageServiceEndpoint": endpoint,
         "cgroupDriver": "cgroupfs",  # PID 1 is not systemd
-        "cgroupRoot": layout.cgroup_root,
+        "cgroupRoot": node.cgroup_root,
         "failCgroupV1": False,
         "failSwapOn": False,
         # No iptables chains on the host; the host's kernel tunables are private files (namespace).
@@ -276,32 +351,34 @@ def kubelet_config(layout: Layout, ports: Ports) -> dict[str, Any]:
     }
 
 
-def kubelet_argv(binary: Path, layout: Layout) -> list[str]:
+def kubelet_argv(binary: Path, node: NodeLayout) -> list[str]:
     return [
         str(binary),
-        f"--config={layout.base / 'kubelet.yaml'}",
-        f"--kubeconfig={layout.kubeconfigs / 'kubelet.conf'}",
-        f"--hostname-override={NODE_NAME}",
+        f"--config={node.kubelet_config}",
+        f"--kubeconfig={node.kubeconfig}",
+        f"--hostname-override={node.name}",
         "--v=1",
     ]
 
 
-def write_kubelet_config(layout: Layout, ports: Ports) -> Path:
-    path = layout.base / "kubelet.yaml"
-    path.write_text(yaml.safe_dump(kubelet_config(layout, ports), sort_keys=False))
+def write_kubelet_config(node: NodeLayout, ports: NodePorts) -> Path:
+    path = node.kubelet_config
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(kubelet_config(node, ports), sort_keys=False))
     return path
 
 
-def containerd_config(layout: Layout, runc: Path, cni_bin: Path) -> dict[str, Any]:
-    """containerd 2.x (config version 3) for kubelet: CRI with CDI and NRI, everything under DIR."""
-    c = layout.containerd
+def containerd_config(node: NodeLayout, runc: Path, cni_bin: Path) -> dict[str, Any]:
+    """containerd 2.x (config version 3) for a node's kubelet: CRI with CDI and NRI, everything under
+    the node's directory."""
+    c = node.containerd
     return {
         "version": 3,
         "root": str(c / "root"),
         "state": str(c / "state"),
         "temp": str(c / "tmp"),
-        "grpc": {"address": str(layout.containerd_socket)},
-        "ttrpc": {"address": str(layout.containerd_socket) + ".ttrpc"},
+        "grpc": {"address": str(node.containerd_socket)},
+        "ttrpc": {"address": str(node.containerd_socket) + ".ttrpc"},
         "plugins": {
             "io.containerd.cri.v1.images": {"snapshotter": "overlayfs", "pinned_images": {"sandbox": PAUSE_IMAGE}},
             "io.containerd.cri.v1.runtime": {
@@ -320,7 +397,7 @@ def containerd_config(layout: Layout, runc: Path, cni_bin: Path) -> dict[str, An
                         }
                     },
                 },
-                "cni": {"bin_dirs": [str(cni_bin)], "conf_dir": str(layout.cni / "conf")},
+                "cni": {"bin_dirs": [str(cni_bin)], "conf_dir": str(node.cni / "conf")},
             },
             "io.containerd.grpc.v1.cri": {
                 "disable_tcp_service": True,
@@ -341,41 +418,46 @@ def containerd_config(layout: Layout, runc: Path, cni_bin: Path) -> dict[str, An
     }
 
 
-def write_containerd_config(layout: Layout, runc: Path, cni_bin: Path) -> Path:
-    path = layout.containerd / "config.toml"
+def write_containerd_config(node: NodeLayout, runc: Path, cni_bin: Path) -> Path:
+    path = node.containerd / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(tomlkit.dumps(containerd_config(layout, runc, cni_bin)))
+    path.write_text(tomlkit.dumps(containerd_config(node, runc, cni_bin)))
     return path
 
 
-def cni_conflist(layout: Layout) -> dict[str, Any]:
-    """A private bridge holding the pods' gateway address (so kubelet reaches pods: probes), no
-    masquerade and no forwarding on the host: pods reach each other and the node only."""
+def cni_conflist(node: NodeLayout) -> dict[str, Any]:
+    """The cluster's private bridge holding the pods' gateway address (so kubelets reach pods:
+    probes), no masquerade and no forwarding on the host: pods reach each other and the nodes only.
+    Every node's pods are on the same bridge and subnet, each node handing out its own range of
+    it, so a pod reaches another node's pods directly (no routing, no forwarding)."""
+    start, end = node.pod_range
     return {
         "cniVersion": "1.0.0",
         "name": "mokka",
         "plugins": [
             {
                 "type": "bridge",
-                "bridge": layout.bridge,
+                "bridge": node.cluster.bridge,
                 "isGateway": True,
                 "ipMasq": False,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": layout.pod_subnet}]],
-                    "dataDir": str(layout.cni / "ipam"),
+                    "ranges": [[{"subnet": node.cluster.pod_subnet, "rangeStart": start, "rangeEnd": end}]],
+                    "dataDir": str(node.cni / "ipam"),
                 },
             },
         ],
     }
 
 
-def write_cni_config(layout: Layout) -> Path:
-    path = layout.cni / "conf" / "10-mokka.conflist"
+def write_cni_config(node: NodeLayout) -> Path:
+    path = node.cni / "conf" / "10-mokka.conflist"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(cni_conflist(layout), indent=2))
+    path.write_text(json.dumps(cni_conflist(node), indent=2))
     return path
 
 
-def ports_json(ports: Ports) -> dict[str, int]:
-    return asdict(ports)
+def hosts(names: list[str]) -> str:
+    """The control plane's /etc/hosts: every node name is this machine's loopback (each kubelet
+    listens on a port of its own there; the API server reaches it by name)."""
+    return "127.0.0.1 localhost " + " ".join(n for n in names if n != "localhost") + "\n::1 localhost\n"

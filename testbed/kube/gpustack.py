@@ -2,7 +2,7 @@
 NVIDIA's device plugin (or the hook for a DRA driver) and GPU Feature Discovery.
 
 NVIDIA's tools run as host processes in the cluster's mount namespace, with their ordinary flags:
-``--driver-root`` names :attr:`Layout.driver_root`, which holds the driver's ``usr`` (library,
+``--driver-root`` names :attr:`NodeLayout.driver_root`, which holds the driver's ``usr`` (library,
 nvidia-smi) and ``dev`` (device nodes) — the device plugin looks for device nodes inside the
 driver root. The staged sysfs entries appear at the real ``/sys`` paths inside the namespace (see
 :func:`namespace_entries`): PCI functions under ``/sys/bus/pci/devices`` as symlinks into
@@ -21,8 +21,7 @@ from gpumodel import nodelayout
 from gpumodel.profile import Profile
 from hostsetup import node as hostnode
 
-from .config import Layout
-from .pki import NODE_NAME
+from .config import NodeLayout
 
 ALLOCATORS = ("device-plugin", "dra", "none")
 MIG_STRATEGIES = ("none", "single", "mixed")  # the device plugin's and GFD's --mig-strategy
@@ -32,8 +31,8 @@ DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 DRIVER_ROOT_PARTS = ("usr", "dev")
 
 
-def stage_node(layout: Layout, profile: Profile, nvidia_smi: Path) -> nodelayout.NodeLayout:
-    """``mokka host setup`` under ``DIR/node``, and the mount points of the driver root NVIDIA's
+def stage_node(layout: NodeLayout, profile: Profile, nvidia_smi: Path) -> nodelayout.NodeLayout:
+    """``mokka host setup`` under the node's ``node/``, and the mount points of the driver root NVIDIA's
     tools are pointed at (filled in the namespace: see :func:`namespace_entries`)."""
     plan = hostnode.plan(profile, hostnode.Options(root=layout.node_root, nvidia_smi=nvidia_smi))
     hostnode.apply(plan)
@@ -42,8 +41,8 @@ def stage_node(layout: Layout, profile: Profile, nvidia_smi: Path) -> nodelayout
     return nodelayout.NodeLayout.load(layout.node_root)
 
 
-def unstage_node(layout: Layout) -> list[str]:
-    """Undo :func:`stage_node` (host cleanup restores ``DIR/node``); returns problems."""
+def unstage_node(layout: NodeLayout) -> list[str]:
+    """Undo :func:`stage_node` (host cleanup restores the node's ``node/``); returns problems."""
     problems: list[str] = []
     for d in [layout.driver_root / name for name in DRIVER_ROOT_PARTS] + [layout.driver_root]:
         try:
@@ -60,7 +59,7 @@ def unstage_node(layout: Layout) -> list[str]:
     return problems
 
 
-def namespace_entries(layout: Layout) -> tuple[list[list[str]], list[list[str]]]:
+def namespace_entries(layout: NodeLayout) -> tuple[list[list[str]], list[list[str]]]:
     """(binds, links) inside the namespace: the driver root's parts, and the staged sysfs at the
     real /sys paths."""
     sys_root = layout.node_root / "sys"
@@ -90,7 +89,7 @@ def namespace_entries(layout: Layout) -> tuple[list[list[str]], list[list[str]]]
     return binds, links
 
 
-def nri_plugin_argv(layout: Layout, health_port: int, external: bool) -> list[str]:
+def nri_plugin_argv(layout: NodeLayout, health_port: int, external: bool) -> list[str]:
     """``mokka nri-plugin`` on the namespace's NRI socket; ``external``: a device plugin or DRA
     driver hands out the GPUs (containers without an allocation get none)."""
     argv = [sys.executable, "-m", "mokka.cli", "nri-plugin", "--root", str(layout.node_root)]
@@ -101,7 +100,7 @@ def nri_plugin_argv(layout: Layout, health_port: int, external: bool) -> list[st
 
 
 def device_plugin_argv(
-    binary: Path, layout: Layout, strategy: str, hook: Path, mig_strategy: str = "none"
+    binary: Path, layout: NodeLayout, strategy: str, hook: Path, mig_strategy: str = "none"
 ) -> list[str]:
     root = str(layout.driver_root)
     return [
@@ -145,13 +144,13 @@ def expected_allocatable(profile: Profile, mig_strategy: str) -> dict[str, int]:
     return out
 
 
-def nvml_env(layout: Layout) -> dict[str, str]:
+def nvml_env(layout: NodeLayout) -> dict[str, str]:
     """Where NVIDIA's Go tools dlopen ``libnvidia-ml.so.1`` from (go-nvlib's platform check looks
     only on the library path; in their pods the container toolkit puts the library there)."""
     return {"LD_LIBRARY_PATH": str(layout.driver_root / "usr" / "lib64")}
 
 
-def gfd_argv(binary: Path, layout: Layout, mig_strategy: str = "none") -> list[str]:
+def gfd_argv(binary: Path, layout: NodeLayout, mig_strategy: str = "none") -> list[str]:
     return [
         str(binary),
         "--oneshot",
@@ -173,7 +172,7 @@ def parse_labels(text: str) -> dict[str, str]:
     return labels
 
 
-def dra_driver_argv(layout: Layout) -> Sequence[str] | None:
+def dra_driver_argv(layout: NodeLayout) -> Sequence[str] | None:
     """The DRA kubelet plugin ``--allocator dra`` runs (``mokka dra-plugin``), started in the
     namespace after the node is Ready as process ``dra-driver`` and stopped at ``down``."""
     return [
@@ -184,7 +183,7 @@ def dra_driver_argv(layout: Layout) -> Sequence[str] | None:
         "--root",
         str(layout.node_root),
         "--kubeconfig",
-        str(layout.admin_kubeconfig),
+        str(layout.cluster.admin_kubeconfig),
         "--node-name",
-        NODE_NAME,
+        layout.name,
     ]

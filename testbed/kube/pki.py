@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import datetime
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,15 +36,19 @@ class Client:
     groups: tuple[str, ...] = ()
 
 
-NODE_NAME = "localhost"
+NODE_NAME = "localhost"  # the node of a cluster made without --node
 CLIENTS = (
     Client("admin", "kubernetes-admin", ("system:masters",)),
     Client("controller-manager", "system:kube-controller-manager"),
     Client("scheduler", "system:kube-scheduler"),
-    Client("kubelet", f"system:node:{NODE_NAME}", ("system:nodes",)),
     Client("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)),
 )
-KUBECONFIGS = ("admin", "controller-manager", "scheduler", "kubelet")
+KUBECONFIGS = ("admin", "controller-manager", "scheduler")
+
+
+def kubelet_client(node: str) -> Client:
+    """A node's kubelet identity (the Node authorizer and NodeRestriction key on it)."""
+    return Client(f"kubelet-{node}", f"system:node:{node}", ("system:nodes",))
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -87,7 +92,8 @@ class Pki:
     def ca(self) -> Path:
         return self.path("ca.crt")
 
-    def generate(self) -> None:
+    def generate(self, nodes: Sequence[str] = (NODE_NAME,)) -> None:
+        """The CA, the control plane's certificates, and each node's kubelet client and serving ones."""
         self.base.mkdir(parents=True, exist_ok=True, mode=0o700)
         ca_key = _key()
         ca_name = _name("mokka-cluster-ca")
@@ -118,8 +124,10 @@ class Pki:
             ExtendedKeyUsageOID.SERVER_AUTH,
             [*(x509.DNSName(n) for n in API_SERVER_NAMES), *loopback, x509.IPAddress(ipaddress.ip_address(SERVICE_IP))],
         )
-        leaf("kubelet-serving", _name(NODE_NAME), ExtendedKeyUsageOID.SERVER_AUTH, [x509.DNSName(NODE_NAME), *loopback])
-        for client in CLIENTS:
+        for node in nodes:
+            serving = [x509.DNSName(node), *loopback]
+            leaf(f"kubelet-serving-{node}", _name(node), ExtendedKeyUsageOID.SERVER_AUTH, serving)
+        for client in (*CLIENTS, *(kubelet_client(node) for node in nodes)):
             leaf(client.file, _name(client.user, client.groups), ExtendedKeyUsageOID.CLIENT_AUTH, [])
         sa = _key()
         self.path("sa.key").write_bytes(_pem_key(sa))

@@ -1,0 +1,82 @@
+"""A profile as one node of a fleet: GPUs of its own, and the NVLink domain (rack) it is in.
+
+- :func:`as_node`: the same board with this node's own GPU identities (UUIDs and serial numbers
+  derived from the node's name), so that two nodes of one profile never share a GPU UUID, as no
+  two real GPUs do.
+- :func:`in_rack`: every GPU of the node in NVLink domain ``rack``: the fabric probe completed
+  with success, the domain's cluster UUID (derived from the rack's name, so every node of the
+  rack reports the same one) and its clique id. Through NVML this is ``nvmlGpuFabricInfo``;
+  NVIDIA's GFD turns it into the ``nvidia.com/gpu.clique`` label ``<cluster UUID>.<clique>``.
+- :func:`default_rack`: where a board built into racks (a profile whose fabric names a cluster,
+  as GB200 and GB300 NVL72 do) goes when no rack is given: 72 GPUs per domain (NVL72: 18 nodes of
+  4), filled in order; a smaller fleet is a partial rack of one domain.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from .profile import Profile, ProfileError
+
+__all__ = ["NVL_DOMAIN_GPUS", "as_node", "default_rack", "in_rack", "rack_cluster_uuid"]
+
+NVL_DOMAIN_GPUS = 72  # GPUs in one NVL72 domain
+_RACKS = uuid.UUID("6d6f6b6b-612d-7261-636b-000000000000")  # the namespace of rack cluster UUIDs
+_ZERO = "00000000-0000-0000-0000-000000000000"
+
+
+def _with_gpu_fields(profile: Profile, fields: dict[int, dict[str, Any]]) -> Profile:
+    data = profile.model_dump()
+    for index, extra in fields.items():
+        data["gpus"][index] = {**data["gpus"].get(index, {}), **extra}
+    return Profile.model_validate(data)
+
+
+def as_node(profile: Profile, node: str) -> Profile:
+    """``profile`` on node ``node`` of a fleet: its GPUs' UUIDs and serials are this node's own."""
+    fields = {}
+    for device in profile.devices():
+        key = f"mokka:{profile.name}:{node}:{device.index}"
+        serial = 1650000000000 + uuid.uuid5(uuid.NAMESPACE_URL, key).int % 10**12
+        fields[device.index] = {"uuid": "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, key)), "serial": str(serial)}
+    return _with_gpu_fields(profile, fields)
+
+
+def rack_cluster_uuid(rack: str) -> str:
+    """The NVLink domain's cluster UUID every GPU of rack ``rack`` reports."""
+    return str(uuid.uuid5(_RACKS, rack))
+
+
+def in_rack(profile: Profile, rack: str, clique_id: int | None = None) -> Profile:
+    """``profile`` with every GPU in NVLink domain ``rack`` (fabric Completed, Success)."""
+    if not rack or len(rack) > 63:
+        raise ProfileError(f"rack {rack!r}: a rack name has 1 to 63 characters")
+    devices = profile.devices()
+    unsupported = [d.index for d in devices if d.spec.fabric.state == "Not Supported"]
+    if unsupported:
+        raise ProfileError(
+            f"profile {profile.name}: {profile.gpu.name} has no NVLink fabric (fabric state Not Supported), "
+            f"so it cannot be in rack {rack!r}"
+        )
+    fields = {}
+    for d in devices:
+        fabric = d.spec.fabric.model_dump()
+        fabric.update(
+            state="Completed",
+            status="Success",
+            cluster_uuid=rack_cluster_uuid(rack),
+            clique_id=clique_id if clique_id is not None else (d.spec.fabric.clique_id or 1),
+        )
+        fields[d.index] = {"fabric": fabric}
+    return _with_gpu_fields(profile, fields)
+
+
+def default_rack(profile: Profile, nth: int) -> str | None:
+    """The rack of the ``nth`` node (from 0) of ``profile`` in a fleet when none is given: for a
+    board built into racks (its fabric names a cluster), ``<profile>-nvl<N>`` domains filled in
+    order; None for every other board."""
+    if profile.gpu.fabric.state == "Not Supported" or profile.gpu.fabric.cluster_uuid == _ZERO:
+        return None
+    per_rack = max(1, NVL_DOMAIN_GPUS // profile.gpu_count)
+    return f"{profile.name}-nvl{NVL_DOMAIN_GPUS}-{nth // per_rack}"

@@ -1,0 +1,239 @@
+"""One real node of the local cluster: a complete mock GPU node of its own.
+
+Each node has its staged mock node (driver root, ``/dev``, ``/proc/driver/nvidia``, PCI sysfs),
+its private mount namespace (kubelet's and containerd's fixed host paths, its sysctls, its GPUs
+at the real ``/sys`` paths: nothing of another node is visible there), its containerd 2.1 (CRI,
+CDI and NRI on), kubelet, NRI plugin, and NVIDIA's device plugin and GFD (or the DRA driver).
+Its processes are named ``<process>@<node>`` in the cluster's state, its logs are under
+``logs/<node>/``. The cluster (:mod:`.cluster`) runs the control plane and brings its nodes up
+step by step, every node at each step, so that the nodes' waits overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpumodel import profile as profiles
+
+from . import cgroups, config, gpustack, process
+from .config import NodeLayout, NodePorts
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+__all__ = ["Node"]
+
+
+class Node:
+    """Node ``name`` of ``cluster``, as its state records it (``cluster.state.nodes[index]``)."""
+
+    def __init__(self, cluster: Cluster, index: int) -> None:
+        self.cluster = cluster
+        self.index = index
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return self.cluster.state.nodes[self.index]
+
+    @property
+    def name(self) -> str:
+        return str(self.record["name"])
+
+    @property
+    def layout(self) -> NodeLayout:
+        return self.cluster.layout.node(self.name, self.index)
+
+    @property
+    def ports(self) -> NodePorts:
+        return NodePorts(**self.record["ports"])
+
+    @property
+    def gpus(self) -> int:
+        return int(self.record["gpus"])
+
+    def __repr__(self) -> str:
+        return f"Node({self.name!r}, {self.record.get('profile')}, {self.gpus} GPUs)"
+
+    # ------------------------------------------------------------------ processes
+
+    def proc_name(self, name: str) -> str:
+        return f"{name}@{self.name}"
+
+    def proc(self, name: str) -> process.Proc | None:
+        return self.cluster.proc(self.proc_name(name))
+
+    @property
+    def holder(self) -> int | None:
+        p = self.proc("namespace")
+        return p.pid if p and p.alive() else None
+
+    def run(self, argv: Sequence[str], **kw: Any) -> Any:
+        """Run ``argv`` inside this node's mount namespace (where its kubelet's sockets are)."""
+        return self.cluster.run_in(self.holder, argv, **kw)
+
+    def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> process.Proc:
+        """A long-running process in this node's namespace, stopped by ``down``."""
+        return self.cluster.spawn_in(self.holder, self.proc_name(name), argv, self.layout.logs / f"{name}.log", env)
+
+    def stop_process(self, name: str) -> None:
+        self.cluster.stop_process(self.proc_name(name))
+
+    # ------------------------------------------------------------------ facts
+
+    def api_node(self) -> dict[str, Any] | None:
+        """The Node object as the API server has it (None while it is unreachable or absent)."""
+        from .cluster import ClusterError
+
+        try:
+            return self.cluster.get(f"/api/v1/nodes/{self.name}")
+        except ClusterError:
+            return None
+
+    def ready(self) -> bool:
+        conditions = (self.api_node() or {}).get("status", {}).get("conditions", [])
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    def allocatable(self, resource: str = "nvidia.com/gpu") -> int:
+        return int((self.api_node() or {}).get("status", {}).get("allocatable", {}).get(resource, "0"))
+
+    def slice_devices(self) -> int:
+        """Devices this node's ResourceSlices publish (0 while none, or the API is unreachable)."""
+        from .cluster import ClusterError
+
+        try:
+            found = self.cluster.get(f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={self.name}")
+        except ClusterError:
+            return 0
+        return sum(len(item.get("spec", {}).get("devices", [])) for item in found.get("items", []))
+
+    def label(self, labels: Mapping[str, str]) -> None:
+        self.cluster.patch(f"/api/v1/nodes/{self.name}", {"metadata": {"labels": dict(labels)}})
+
+    # ------------------------------------------------------------------ up, step by step
+
+    def stage(self, prof: profiles.Profile, nvidia_smi: Path) -> None:
+        gpustack.stage_node(self.layout, prof, nvidia_smi)
+
+    def write_configs(self, runc: Path, cni_bin: Path) -> None:
+        config.write_kubelet_config(self.layout, self.ports)
+        config.write_containerd_config(self.layout, runc, cni_bin)
+        config.write_cni_config(self.layout)
+
+    def start_namespace(self, host_sysctls: dict[str, str]) -> None:
+        """The node's private mount namespace: its directories over kubelet's and containerd's host
+        paths, private sysctl files, its GPUs' sysfs at the real /sys paths."""
+        layout = self.layout
+        binds: list[list[str]] = []
+        for host, private in config.PRIVATE_PATHS.items():
+            d = layout.ns / private
+            d.mkdir(parents=True, exist_ok=True)
+            binds.append([str(d), host])
+        sysctl_dir = layout.ns / "sysctl"
+        sysctl_dir.mkdir(parents=True, exist_ok=True)
+        for key in config.SYSCTLS:
+            f = sysctl_dir / key.replace("/", ".")
+            f.write_text(host_sysctls[key] + "\n")
+            binds.append([str(f), f"/proc/sys/{key}"])
+        sys_binds, links = gpustack.namespace_entries(layout)
+        self.record["namespace_inode"] = self.cluster.start_holder(
+            self.proc_name("namespace"), {"binds": binds + sys_binds, "links": links}, layout.ns, layout.logs
+        )
+
+    def start_containerd(self, ctrd: Path) -> None:
+        self.spawn(
+            "containerd",
+            [str(ctrd / "containerd"), "--config", str(self.layout.containerd / "config.toml")],
+            env={"PATH": f"{ctrd}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
+        )
+
+    def containerd_up(self) -> bool:
+        return self.layout.containerd_socket.exists() and self.ctr("version", check=False).returncode == 0
+
+    def ctr(self, *args: str, check: bool = True) -> Any:
+        return self.cluster.ctr_at(self.layout.containerd_socket, *args, check=check)
+
+    def start_nri(self, external: bool) -> None:
+        self.spawn("nri-plugin", gpustack.nri_plugin_argv(self.layout, self.ports.nri_health, external))
+
+    def nri_registered(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.ports.nri_health}/healthz"
+            with urllib.request.urlopen(url, timeout=1) as res:
+                return int(json.loads(res.read()).get("registrations", 0)) > 0
+        except (OSError, ValueError):
+            return False
+
+    def start_kubelet(self, kubelet: Path) -> None:
+        cgroups.create(self.layout.cgroup_root)
+        self.spawn("kubelet", config.kubelet_argv(kubelet, self.layout))
+
+    def start_device_plugin(self, binary: Path, hook: Path, strategy: str, mig_strategy: str) -> None:
+        argv = gpustack.device_plugin_argv(binary, self.layout, strategy, hook, mig_strategy)
+        self.spawn("nvidia-device-plugin", argv, env=gpustack.nvml_env(self.layout))
+
+    def run_gfd(self, binary: Path, mig_strategy: str) -> dict[str, str]:
+        """GFD one-shot in the node's namespace; its labels (applied by the caller: NFD's job)."""
+        from .cluster import ClusterError
+
+        self.layout.gfd.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **gpustack.nvml_env(self.layout)}
+        res = self.run(gpustack.gfd_argv(binary, self.layout, mig_strategy), timeout=120, env=env)
+        self.layout.logs.mkdir(parents=True, exist_ok=True)
+        (self.layout.logs / "gfd.log").write_text(res.stdout + res.stderr)
+        out = self.layout.gfd / "labels"
+        if res.returncode != 0 or not out.exists():
+            raise ClusterError(f"node {self.name}: gpu-feature-discovery exited {res.returncode}: {res.stderr[-1500:]}")
+        return gpustack.parse_labels(out.read_text())
+
+    # ------------------------------------------------------------------ down
+
+    def stop(self) -> list[str]:
+        """Stop this node: its plugins, kubelet, pods (its cgroups), containerd and shims, and
+        the processes left in its namespace; returns the problems."""
+        problems: list[str] = []
+        holder = self.proc("namespace")
+        # Hold the namespace open: while this descriptor lives, its inode is not handed to a new
+        # namespace, so "every process in it" never names another one's (nsfs reuses numbers).
+        ns_fd = os.open(f"/proc/{holder.pid}/ns/mnt", os.O_RDONLY) if holder and holder.alive() else None
+        mine = [p.name for p in self.cluster.procs if p.name.endswith(f"@{self.name}")]
+        last = {self.proc_name(n) for n in ("kubelet", "containerd", "namespace")}
+        for name in [n for n in mine if n not in last] + [self.proc_name("kubelet")]:
+            if (p := self.cluster.proc(name)) is not None and p.stop():
+                problems.append(f"{name} ignored SIGTERM")
+        problems += cgroups.remove(self.layout.cgroup_root)
+        if (p := self.proc("containerd")) is not None and p.stop():
+            problems.append(f"{self.proc_name('containerd')} ignored SIGTERM")
+        if holder is not None:
+            holder.stop()
+        if ns_fd is not None:  # shims, and what they fork while dying (runc), until none is left
+            try:
+                problems += process.kill_mount_namespace(os.fstat(ns_fd).st_ino)
+            finally:
+                os.close(ns_fd)
+        problems += process.kill_naming(str(self.layout.base) + "/")
+        problems += cgroups.remove(self.layout.cgroup_root)
+        problems += gpustack.unstage_node(self.layout)
+        return problems
+
+    def as_record(self) -> dict[str, Any]:
+        return dict(self.record)
+
+
+def new_record(name: str, prof: profiles.Profile, spec: str, rack: str | None, ports: NodePorts) -> dict[str, Any]:
+    """What the cluster's state keeps of a node."""
+    return {
+        "name": name,
+        "profile": prof.name,
+        "spec": spec,
+        "product": prof.gpu.name,
+        "gpus": prof.gpu_count,
+        "rack": rack,
+        "ports": asdict(ports),
+        "namespace_inode": 0,
+    }

@@ -1,0 +1,190 @@
+"""A fleet: several real mock GPU nodes of different boards in one cluster (one control plane),
+each complete and separate, scheduled as a real fleet is, two of them in one NVLink rack.
+
+The fleet: h100-0 (2 H100s, rack r1), h100-1 (1 H100, rack r1), h100-2 (1 H100, rack r2) and t4-3
+(1 T4, no fabric). Everything here is the real thing: kubelets, the scheduler, NVIDIA's device
+plugin and GFD on every node, nvidia-smi in pods.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_fixtures import pod_manifest, run_pod, start_cluster, wait_for
+
+from gpumodel import fleet
+from testbed.kube import gpustack
+from testbed.kube.cluster import Cluster
+from testbed.kube.nodespec import NodeSpec
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+SPECS = (NodeSpec("h100", 2, "r1"), NodeSpec("h100", 1, "r1"), NodeSpec("h100", 1, "r2"), NodeSpec("t4", 1))
+NAMES = ["h100-0", "h100-1", "h100-2", "t4-3"]
+CLIQUE = "nvidia.com/gpu.clique"
+
+
+@pytest.fixture(scope="module")
+def fleet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with start_cluster(tmp_path_factory.mktemp("fleet"), nodes=SPECS) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def core(fleet_cluster: Cluster) -> Any:
+    from kubernetes import client
+
+    return client.CoreV1Api(fleet_cluster.api())
+
+
+def labels(core: Any, node: str) -> dict[str, str]:
+    return dict(core.read_node(node).metadata.labels)
+
+
+def on_node(name: str, command: list[str], node_selector: dict[str, str], gpus: int = 0) -> dict[str, Any]:
+    manifest = pod_manifest(name, command, gpus=gpus)
+    manifest["spec"]["nodeSelector"] = node_selector
+    return manifest
+
+
+def test_every_node_is_ready_with_its_own_gpus(fleet_cluster: Cluster, core: Any) -> None:
+    assert [n.name for n in fleet_cluster.nodes] == NAMES
+    for name, gpus in zip(NAMES, (2, 1, 1, 1), strict=True):
+        node = core.read_node(name)
+        assert any(c.type == "Ready" and c.status == "True" for c in node.status.conditions), name
+        assert node.status.allocatable["nvidia.com/gpu"] == str(gpus), name
+    status = subprocess.run(
+        [sys.executable, "-m", "mokka.cli", "cluster", "status", "--dir", str(fleet_cluster.layout.base)],
+        capture_output=True,
+        text=True,
+    )
+    assert status.returncode == 0, status.stdout + status.stderr
+    rows = {ln.split()[0]: ln.split() for ln in status.stdout.splitlines() if ln.split()[:1] and ln.split()[0] in NAMES}
+    assert rows["t4-3"][1:] == ["t4:1", "-", "1", "1", "0", "Ready"]
+    assert rows["h100-0"][1:] == ["h100:2@r1", "r1", "2", "2", "0", "Ready"]
+
+
+def test_gfd_labels_each_node_with_its_own_board(core: Any) -> None:
+    assert labels(core, "h100-0")["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert labels(core, "t4-3")["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert labels(core, "h100-0")["nvidia.com/gpu.count"] == "2"
+    assert labels(core, "t4-3")["nvidia.com/gpu.memory"] == "15360"
+
+
+def test_a_node_sees_only_its_own_gpus(fleet_cluster: Cluster) -> None:
+    """In each node's namespace the real nvidia-smi lists that node's GPUs and nothing of another."""
+    seen: dict[str, list[str]] = {}
+    for n in fleet_cluster.nodes:
+        smi = n.layout.driver_root / "usr" / "bin" / "nvidia-smi"
+        res = n.run([str(smi), "-L"], env=gpustack.nvml_env(n.layout), timeout=60)
+        assert res.returncode == 0, res.stderr
+        seen[n.name] = res.stdout.splitlines()
+    assert [len(v) for v in seen.values()] == [2, 1, 1, 1]
+    assert all("Tesla T4" in line for line in seen["t4-3"])
+    uuids = [line.split("UUID: ")[1] for lines in seen.values() for line in lines]
+    assert len(set(uuids)) == len(uuids), "two GPUs of the fleet share a UUID"
+
+
+def test_a_t4_pod_lands_on_the_t4_node_and_sees_one_t4(core: Any) -> None:
+    pod = on_node("want-t4", ["nvidia-smi", "-L"], {"nvidia.com/gpu.product": "Tesla-T4"}, gpus=1)
+    res = run_pod(core, pod)
+    assert res.phase == "Succeeded", res.logs
+    assert res.pod.spec.node_name == "t4-3"
+    assert [ln.split(" (UUID")[0] for ln in res.logs.splitlines()] == ["GPU 0: Tesla T4"], res.logs
+
+
+def test_an_over_ask_no_node_can_hold_stays_pending(core: Any) -> None:
+    core.create_namespaced_pod("default", pod_manifest("too-many", ["true"], gpus=3))
+    try:
+
+        def unschedulable() -> Any:
+            conds = core.read_namespaced_pod("too-many", "default").status.conditions or []
+            return next((c for c in conds if c.type == "PodScheduled" and c.reason == "Unschedulable"), None)
+
+        cond = wait_for("the 3-GPU pod to be unschedulable", unschedulable, timeout=60)
+        assert "Insufficient nvidia.com/gpu" in cond.message
+    finally:
+        core.delete_namespaced_pod("too-many", "default", grace_period_seconds=0)
+
+
+def test_pods_on_different_nodes_reach_each_other(core: Any) -> None:
+    serve = "mkdir -p /w && echo hello-from-h100-0 > /w/i && exec httpd -f -p 8080 -h /w"
+    core.create_namespaced_pod("default", on_node("server", ["sh", "-c", serve], {"kubernetes.io/hostname": "h100-0"}))
+    try:
+
+        def address() -> Any:
+            pod = core.read_namespaced_pod("server", "default")
+            return pod.status.pod_ip if pod.status.phase == "Running" else None
+
+        ip = wait_for("the server pod to run", address, timeout=60)
+        fetch = f"wget -O - http://{ip}:8080/i"
+        res = run_pod(core, on_node("client", ["sh", "-c", fetch], {"kubernetes.io/hostname": "t4-3"}))
+        assert res.phase == "Succeeded" and "hello-from-h100-0" in res.logs, res.logs
+    finally:
+        core.delete_namespaced_pod("server", "default", grace_period_seconds=0)
+
+
+def test_nodes_of_one_rack_share_a_clique_and_another_rack_does_not(core: Any) -> None:
+    r1 = f"{fleet.rack_cluster_uuid('r1')}.1"
+    assert labels(core, "h100-0")[CLIQUE] == labels(core, "h100-1")[CLIQUE] == r1
+    assert labels(core, "h100-2")[CLIQUE] == f"{fleet.rack_cluster_uuid('r2')}.1" != r1
+    assert CLIQUE not in labels(core, "t4-3")
+
+
+def test_cordoning_a_node_moves_new_pods_to_its_peers(core: Any) -> None:
+    core.patch_node("h100-0", {"spec": {"unschedulable": True}})
+    try:
+        placed = []
+        for i in range(3):
+            pod = on_node(f"h100-pod-{i}", ["true"], {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, gpus=1)
+            res = run_pod(core, pod)
+            assert res.phase == "Succeeded", res.logs
+            placed.append(res.pod.spec.node_name)
+        assert set(placed) <= {"h100-1", "h100-2"}, placed
+    finally:
+        core.patch_node("h100-0", {"spec": {"unschedulable": False}})
+
+
+def test_a_fault_on_one_node_changes_only_that_node(fleet_cluster: Cluster, core: Any) -> None:
+    """`mokka fault xid 79 --node h100-2`: that node's device plugin marks its GPU unhealthy (its
+    allocatable drops to 0); every other node keeps its GPUs. (v0.18.0 never marks a device
+    healthy again while it runs: this test comes last.)"""
+    argv = [sys.executable, "-m", "mokka.cli", "fault", "xid", "79", "--gpu", "0", "--node", "h100-2"]
+    res = subprocess.run([*argv, "--cluster-dir", str(fleet_cluster.layout.base)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    wait_for("h100-2's allocatable to drop", lambda: fleet_cluster.node("h100-2").allocatable() == 0, timeout=90)
+    assert [fleet_cluster.node(n).allocatable() for n in ("h100-0", "h100-1", "t4-3")] == [2, 1, 1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mokka.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        ("t4@r1", "node t4-1 (t4@r1): profile t4: Tesla T4 has no NVLink fabric"),
+        ("h100:0", "the GPU count after ':' must be a whole number from 1"),
+        ("nosuch", "node nosuch-1 (nosuch): "),
+    ],
+)
+def test_a_bad_node_is_one_line_naming_it(tmp_path: Path, node: str, message: str) -> None:
+    res = run_cli("cluster", "up", "--dir", str(tmp_path / "c"), "--node", "h100", "--node", node)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if "error" in ln.lower()]
+    assert len(errors) == 1 and message in errors[0], res.stderr
+    assert not (tmp_path / "c").exists()
+
+
+def test_fault_on_an_unknown_node_names_the_cluster_nodes(fleet_cluster: Cluster) -> None:
+    res = run_cli("fault", "xid", "13", "--node", "nope", "--cluster-dir", str(fleet_cluster.layout.base))
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"mokka: error: no node 'nope' in this cluster (its nodes: {', '.join(NAMES)}), --node nope "
+        f"--cluster-dir {fleet_cluster.layout.base}"
+    ]
