@@ -7,6 +7,9 @@
   with success, the domain's cluster UUID (derived from the rack's name, so every node of the
   rack reports the same one) and its clique id. Through NVML this is ``nvmlGpuFabricInfo``;
   NVIDIA's GFD turns it into the ``nvidia.com/gpu.clique`` label ``<cluster UUID>.<clique>``.
+- :func:`with_fabric_delay`: the fabric manager of the node's domain becomes ready only
+  ``seconds`` from now: until then the probe reads In Progress (status Not Ready), as while a
+  real fabric is trained, and GFD gives no clique label.
 - :func:`default_rack`: where a board built into racks (a profile whose fabric names a cluster,
   as GB200 and GB300 NVL72 do) goes when no rack is given: 72 GPUs per domain (NVL72: 18 nodes of
   4), filled in order; a smaller fleet is a partial rack of one domain.
@@ -14,12 +17,13 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
 from .profile import Profile, ProfileError
 
-__all__ = ["NVL_DOMAIN_GPUS", "as_node", "default_rack", "in_rack", "rack_cluster_uuid"]
+__all__ = ["NVL_DOMAIN_GPUS", "as_node", "default_rack", "in_rack", "rack_cluster_uuid", "with_fabric_delay"]
 
 NVL_DOMAIN_GPUS = 72  # GPUs in one NVL72 domain
 _RACKS = uuid.UUID("6d6f6b6b-612d-7261-636b-000000000000")  # the namespace of rack cluster UUIDs
@@ -80,3 +84,18 @@ def default_rack(profile: Profile, nth: int) -> str | None:
         return None
     per_rack = max(1, NVL_DOMAIN_GPUS // profile.gpu_count)
     return f"{profile.name}-nvl{NVL_DOMAIN_GPUS}-{nth // per_rack}"
+
+
+def with_fabric_delay(profile: Profile, seconds: float, now: float | None = None) -> Profile:
+    """``profile`` whose fabric manager is ready ``seconds`` after ``now`` (default: this moment)."""
+    if seconds < 0:
+        raise ProfileError(f"fabric delay {seconds:g} s: must be 0 or more")
+    if seconds == 0:
+        return profile
+    ready = int((time.time() if now is None else now) + seconds + 0.999)
+    fields = {}
+    for d in profile.devices():
+        if d.spec.fabric.state == "Not Supported":
+            raise ProfileError(f"profile {profile.name}: {profile.gpu.name} has no NVLink fabric: no fabric delay")
+        fields[d.index] = {"fabric": {**d.spec.fabric.model_dump(), "manager_ready_at": ready}}
+    return _with_gpu_fields(profile, fields)

@@ -304,6 +304,13 @@ class Fabric(Strict):
     clique_id: int = 0
     cluster_uuid: str = "00000000-0000-0000-0000-000000000000"
     degraded_bandwidth: bool | None = Field(None, description="fabric health: bandwidth degraded; None = not reported")
+    manager_ready_at: int = Field(
+        0,
+        ge=0,
+        le=2**32 - 1,
+        description="wall clock (s) the fabric manager is ready at: a Completed probe reads "
+        "In Progress until then; 0 = ready (see gpumodel.fleet.with_fabric_delay)",
+    )
 
 
 class Process(Strict):

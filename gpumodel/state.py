@@ -282,6 +282,7 @@ def fill_gpu(g: Any, device: Device, profile: Profile) -> None:
     g.fabric_state = FABRIC_STATES[fb.state]
     g.fabric_status = 0
     g.clique_id = fb.clique_id
+    g.fabric_ready_s = fb.manager_ready_at
     ffi().memmove(g.cluster_uuid, uuidlib.UUID(fb.cluster_uuid).bytes, 16)
 
     dynamic.fill(g, s.dynamic, device.index)

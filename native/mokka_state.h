@@ -45,7 +45,7 @@
 #include <stdint.h>
 
 #define MOKKA_STATE_MAGIC 0x41544b4f4b4b4f4d
-#define MOKKA_STATE_VERSION 5
+#define MOKKA_STATE_VERSION 6
 #define MOKKA_TRAILER_MAGIC 0x4c5254414b4b4f4d  /* "MOKKATRL" */
 #define MOKKA_STATE_ALIGN 65536   /* region offset in a library file: a multiple of every Linux page size */
 #define MOKKA_MAX_GPUS 64
@@ -357,7 +357,8 @@ typedef struct {
     uint32_t fabric_state;
     uint32_t fabric_status;
     uint32_t clique_id;
-    uint32_t pad1;
+    uint32_t fabric_ready_s;        /* wall clock (s since the epoch) the fabric manager is ready at: until then a
+                                       Completed probe reads In Progress, as while the fabric is trained; 0: ready */
     uint8_t cluster_uuid[16];
 
     /* running processes */

@@ -73,7 +73,7 @@ def test_where_the_node_is_bad_input_too(fault_node: Callable[..., FaultNode], t
         (["xid", "13", "--state", str(tmp_path / "x")], f"{tmp_path / 'x'}: no such file, --state"),
         (
             ["list", "--root", "/r", "--driver-root", str(node.root.root)],
-            "give one of --root, --driver-root and --state",
+            "give one of --root, --driver-root, --state and --node",
         ),
     ]
     truncated = tmp_path / "truncated"

@@ -56,6 +56,20 @@ def host() -> None:
     help="Also create RUN_NVIDIA/driver -> ROOT/driver (GPU Operator components look at /run/nvidia).",
 )
 @click.option("--toolkit-ready", is_flag=True, help="Also create RUN_NVIDIA/validations/toolkit-ready.")
+@click.option(
+    "--rack",
+    default=None,
+    metavar="NAME",
+    help="Put the node's GPUs in NVLink domain NAME: fabric Completed/Success with the rack's cluster UUID "
+    "(every node set up with the same NAME reports the same one: one nvidia.com/gpu.clique).",
+)
+@click.option(
+    "--fabric-delay",
+    type=click.FloatRange(min=0),
+    default=0,
+    metavar="SECONDS",
+    help="The fabric manager is ready SECONDS after setup: until then the fabric probe reads In Progress.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("-v", "--verbose", is_flag=True, help="Print the plan first, and what a re-run undid.")
 def host_setup(
@@ -68,6 +82,8 @@ def host_setup(
     machine: str | None,
     run_nvidia: Path | None,
     toolkit_ready: bool,
+    rack: str | None,
+    fabric_delay: float,
     dry_run: bool,
     verbose: bool,
 ) -> None:
@@ -85,6 +101,14 @@ def host_setup(
     if smi is not None and no_nvidia_smi:
         fail("--nvidia-smi and --no-nvidia-smi exclude each other")
     p = load_profile(profile_name, gpus)
+    if rack is not None or fabric_delay:
+        from gpumodel import fleet
+        from gpumodel.profile import ProfileError
+
+        try:
+            p = fleet.with_fabric_delay(fleet.in_rack(p, rack) if rack is not None else p, fabric_delay)
+        except ProfileError as exc:
+            fail(f"{exc}, --rack/--fabric-delay")
     if smi is None and not no_nvidia_smi:
         smi = _debian_nvidia_smi(fetch=not dry_run)
     options = node.Options(

@@ -1097,6 +1097,11 @@ static nvmlReturn_t fabric_fill(const mokka_gpu_t *g, unsigned char *uuid, nvmlR
     *status = (nvmlReturn_t)g->fabric_status;
     *clique = g->clique_id;
     *state = (nvmlGpuFabricState_t)g->fabric_state;
+    /* The fabric manager is not ready yet: the probe is still in progress, its result not known. */
+    if (*state == NVML_GPU_FABRIC_STATE_COMPLETED && g->fabric_ready_s && mokka_wall_ms() / 1000 < g->fabric_ready_s) {
+        *state = NVML_GPU_FABRIC_STATE_IN_PROGRESS;
+        *status = NVML_ERROR_NOT_READY;
+    }
     return NVML_SUCCESS;
 }
 
