@@ -214,6 +214,10 @@ PRIVATE_PATHS = {
     "/var/run/cdi": "run-cdi",
     "/var/run/nri": "run-nri",
     "/etc/kubernetes": "etc-kubernetes",
+    # What the chart's DaemonSet stages through hostPath (its default root, GPU Operator's link):
+    # each node's own.
+    "/var/lib/mokka": "mokka-root",
+    "/run/nvidia": "run-nvidia",
 }
 # Kubelet sets the first three for the whole machine (container manager's kernel tunables); the CNI
 # bridge plugin turns on IP forwarding when the bridge is the pods' gateway. In the namespace they

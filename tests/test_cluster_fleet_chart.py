@@ -1,0 +1,155 @@
+"""The Helm chart's DaemonSet on a fleet of two real nodes: one pod per real node and none on a
+virtual one (a Node object without a kubelet, labelled as KWOK's are); each node's pod stages that
+node (its /var/lib/mokka is the node's own) and serves its pods; a node whose pod is deleted gets it
+back while the other keeps serving; a rolling update replaces the pods node by node.
+
+As in test_cluster_daemonset, the cluster runs no NRI plugin and no device plugin of its own: the
+chart's pods are the GPU stack.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import test_chart
+import yaml
+from cluster_fixtures import pod_manifest, run_pod, start_cluster, wait_for
+
+from testbed import nvidia_smi, prepare, versions
+from testbed.kube import nodeimage
+from testbed.kube.cluster import Cluster
+from testbed.kube.nodespec import NodeSpec
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+NAMESPACE = "mokka-system"
+NODES = ["h100-0", "t4-1"]
+VIRTUAL = "virtual-0"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    specs = (NodeSpec("h100", 1), NodeSpec("t4", 1))
+    with start_cluster(tmp_path_factory.mktemp("fleet-chart"), nodes=specs, allocator="none", nri_plugin=False) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def core(cluster: Cluster) -> Any:
+    from kubernetes import client
+
+    return client.CoreV1Api(cluster.api())
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster, core: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from kubernetes import client
+
+    virtual = {"type": "kwok", "mokka.io/virtual": "true", "kubernetes.io/hostname": VIRTUAL}
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=VIRTUAL, labels=virtual)))
+    image = nodeimage.build(tmp_path_factory.mktemp("node-image"), nvidia_smi.fetch("550"))
+    cluster.import_image(image)
+    repository, tag = nodeimage.NODE_IMAGE.rsplit(":", 1)
+    values = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "gpu": {"profile": "t4", "count": 1},
+        "hostSetup": {"runNvidia": {"enabled": False}},  # the default root, /var/lib/mokka: each node's own
+        "nodeInfo": {"enabled": False},  # the pod network cannot reach the API server here (no kube-proxy)
+    }
+    values_file = tmp_path_factory.mktemp("values") / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    helm = prepare.go_binary(versions.HELM)
+    version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
+    argv = [str(helm), "template", "node", str(test_chart.CHART), "-n", NAMESPACE, "-f", str(values_file)]
+    rendered = subprocess.run(
+        [*argv, "--kube-version", version.lstrip("v")], capture_output=True, text=True, check=True
+    ).stdout
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    cluster.kubectl("apply", "--server-side", "--validate=strict", "-f", "-", input=rendered)
+    yield rendered
+    cluster.kubectl(
+        "delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", "-", input=rendered, check=False
+    )
+    core.delete_node(VIRTUAL)
+
+
+def daemonset(cluster: Cluster) -> dict[str, Any]:
+    items = json.loads(cluster.kubectl("get", "daemonset", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+    return items[0] if items else {}
+
+
+def pods(core: Any) -> dict[str, Any]:
+    """The DaemonSet's live pods by node (a deleted pod on its way out is not counted)."""
+    live = [p for p in core.list_namespaced_pod(NAMESPACE).items if p.metadata.deletion_timestamp is None]
+    return {p.spec.node_name: p for p in live}
+
+
+def ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+
+
+def all_ready(cluster: Cluster, core: Any) -> bool:
+    ds = daemonset(cluster).get("status", {})
+    return ds.get("numberReady") == len(NODES) and ds.get("updatedNumberScheduled") == len(NODES)
+
+
+def wait_ready(cluster: Cluster, core: Any, what: str) -> None:
+    try:
+        wait_for(what, lambda: all_ready(cluster, core), 240)
+    except AssertionError:
+        raise AssertionError(cluster.kubectl("describe", "pods", "-n", NAMESPACE, check=False).stdout[-4000:]) from None
+
+
+def serves(core: Any, node: str, name: str) -> str:
+    manifest = pod_manifest(name, ["nvidia-smi", "-L"])
+    manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    res = run_pod(core, manifest)
+    assert res.phase == "Succeeded", res.logs
+    return res.logs
+
+
+def test_one_pod_per_real_node_and_none_on_the_virtual_one(cluster: Cluster, core: Any, release: str) -> None:
+    wait_ready(cluster, core, "a DaemonSet pod Ready on every real node")
+    assert sorted(pods(core)) == NODES
+    assert daemonset(cluster)["status"]["desiredNumberScheduled"] == len(NODES)  # the virtual node is no target
+
+
+def test_each_nodes_pod_stages_that_node_and_serves_it(cluster: Cluster, core: Any, release: str) -> None:
+    for n in cluster.nodes:
+        staged = n.layout.ns / "mokka-root" / "node.json"  # the node's own /var/lib/mokka
+        assert json.loads(staged.read_text())["profile"] == "t4", n.name
+        assert serves(core, n.name, f"on-{n.name}").count("Tesla T4") == 1
+
+
+def test_a_deleted_pod_comes_back_while_the_other_node_serves(cluster: Cluster, core: Any, release: str) -> None:
+    old = pods(core)["h100-0"].metadata.uid
+    core.delete_namespaced_pod(pods(core)["h100-0"].metadata.name, NAMESPACE, grace_period_seconds=30)
+    assert serves(core, "t4-1", "meanwhile").count("Tesla T4") == 1  # the other node's pod is untouched
+    wait_ready(cluster, core, "the deleted pod replaced")
+    assert pods(core)["h100-0"].metadata.uid != old
+    assert serves(core, "h100-0", "restored").count("Tesla T4") == 1
+
+
+def test_a_rolling_update_goes_node_by_node(cluster: Cluster, core: Any, release: str) -> None:
+    before = {node: p.metadata.uid for node, p in pods(core).items()}
+    patch = {"spec": {"template": {"metadata": {"annotations": {"mokka.io/rollout": str(time.time())}}}}}
+    name = daemonset(cluster)["metadata"]["name"]
+    cluster.kubectl("patch", "daemonset", name, "-n", NAMESPACE, "--type", "merge", "-p", json.dumps(patch))
+    fewest_ready, replaced_order = len(NODES), []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        now = pods(core)
+        fewest_ready = min(fewest_ready, sum(1 for node in NODES if node in now and ready(now[node])))
+        for node, p in now.items():
+            if p.metadata.uid != before.get(node) and ready(p) and node not in replaced_order:
+                replaced_order.append(node)
+        if len(replaced_order) == len(NODES) and all_ready(cluster, core):
+            break
+        time.sleep(0.2)
+    assert sorted(replaced_order) == NODES, f"not every pod was replaced: {replaced_order}"
+    assert fewest_ready >= len(NODES) - 1, "the rollout took more than one node's pod down at once"
