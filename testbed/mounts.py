@@ -56,6 +56,7 @@ FRESH_PATHS = (
     "/etc/nri",
     "/var/run/nri",
     "/run/nvidia",
+    "/var/lib/mokka",
     "/etc/cni",
     "/opt/cni",
     "/var/lib/cni",

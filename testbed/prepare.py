@@ -23,6 +23,7 @@ from pathlib import Path
 from . import cdi_schema, containerd_dist, debcache, gotool, images, kubelet_api, nvidia_smi, versions
 from .cri import bindings
 from .kube import binaries as kube_binaries
+from .kube import gobuild as kube_gobuild
 from .progress import Progress
 from .versions import GoBuild
 
@@ -198,6 +199,8 @@ def prepare(*, tests: bool = False, cache: Path | None = None) -> None:
                 note("Debian's Go toolchain removed (its .debs stay)")
             if stale := gotool.prune(list(GO_BUILDS), cache):
                 note("removed stale Go builds and caches: " + ", ".join(stale))
+            if stale := kube_gobuild.prune(kube_binaries.GO_BUILDS, cache):
+                note("removed stale cluster builds: " + ", ".join(stale))
         sizes = {d.name: _size(d) for d in sorted(cache.iterdir()) if d.is_dir()}
         note(
             f"{cache}: {sum(sizes.values()) / 2**20:.0f} MB ("

@@ -1,4 +1,4 @@
-"""A real single-node Kubernetes with mock GPUs for the tests (testbed.kube), and pod helpers.
+"""A real Kubernetes with mock GPUs for the tests (testbed.kube), and pod helpers.
 
 ``kube_cluster`` (session): one cluster for the whole run — NVIDIA's device plugin in envvar
 mode, the h100 profile's 8 GPUs, GFD's labels on the node. ``start_cluster(base, **options)``

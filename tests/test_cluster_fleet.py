@@ -18,7 +18,7 @@ import pytest
 from cluster_fixtures import pod_manifest, run_pod, start_cluster, wait_for
 
 from gpumodel import fleet
-from testbed.kube import gpustack
+from testbed.kube import gpustack, nodeimage
 from testbed.kube.cluster import Cluster
 from testbed.kube.nodespec import NodeSpec
 
@@ -129,6 +129,73 @@ def test_pods_on_different_nodes_reach_each_other(core: Any) -> None:
         core.delete_namespaced_pod("server", "default", grace_period_seconds=0)
 
 
+LIST_NODES = """
+from kubernetes import client, config
+config.load_incluster_config()  # the pod's token and CA; KUBERNETES_SERVICE_HOST: the Service's ClusterIP
+for host in (client.Configuration.get_default_copy().host, "https://kubernetes.default.svc.cluster.local"):
+    conf = client.Configuration.get_default_copy()
+    conf.host = host
+    names = sorted(n.metadata.name for n in client.CoreV1Api(client.ApiClient(conf)).list_node().items)
+    print(host, " ".join(names))
+"""
+
+
+def test_a_pod_lists_the_nodes_through_the_kubernetes_service(
+    fleet_cluster: Cluster, core: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """In-cluster API access as operators and controllers have it: the `kubernetes` Service by its
+    ClusterIP and by its DNS name (CoreDNS), DNAT'ed by kube-proxy to the API server, with the
+    pod's own token (Mokka's node image: Python and the kubernetes client)."""
+    from kubernetes import client
+
+    image = nodeimage.build(tmp_path_factory.mktemp("node-image"), None)
+    fleet_cluster.node("t4-3").ctr("images", "import", str(image))
+    rbac = client.RbacAuthorizationV1Api(fleet_cluster.api())
+    rule = client.V1PolicyRule(api_groups=[""], resources=["nodes"], verbs=["list"])
+    rbac.create_cluster_role(client.V1ClusterRole(metadata=client.V1ObjectMeta(name="node-lister"), rules=[rule]))
+    subject = client.RbacV1Subject(kind="ServiceAccount", name="default", namespace="default")
+    ref = client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="node-lister")
+    meta = client.V1ObjectMeta(name="node-lister")
+    rbac.create_cluster_role_binding(client.V1ClusterRoleBinding(metadata=meta, role_ref=ref, subjects=[subject]))
+    try:
+        pod = on_node("lister", ["python3", "-c", LIST_NODES], {"kubernetes.io/hostname": "t4-3"})
+        pod["spec"]["containers"][0]["image"] = nodeimage.NODE_IMAGE
+        res = run_pod(core, pod)
+        assert res.phase == "Succeeded", res.logs
+        lines = res.logs.splitlines()
+        assert lines == [
+            f"https://10.96.0.1:443 {' '.join(NAMES)}",
+            f"https://kubernetes.default.svc.cluster.local {' '.join(NAMES)}",
+        ]
+    finally:
+        rbac.delete_cluster_role_binding("node-lister")
+        rbac.delete_cluster_role("node-lister")
+
+
+def test_a_pod_reaches_another_nodes_pod_by_its_service_name(core: Any) -> None:
+    from kubernetes import client
+
+    serve = "mkdir -p /w && echo hello-through-a-service > /w/i && exec httpd -f -p 8080 -h /w"
+    server = on_node("web-0", ["sh", "-c", serve], {"kubernetes.io/hostname": "h100-1"})
+    server["metadata"]["labels"] = {"app": "web"}
+    core.create_namespaced_pod("default", server)
+    port = client.V1ServicePort(port=80, target_port=8080)
+    service = client.V1Service(
+        metadata=client.V1ObjectMeta(name="web"), spec=client.V1ServiceSpec(selector={"app": "web"}, ports=[port])
+    )
+    core.create_namespaced_service("default", service)
+    try:
+        wait_for("web-0 to run", lambda: core.read_namespaced_pod("web-0", "default").status.phase == "Running", 60)
+        fetch = "nslookup web.default.svc.cluster.local && wget -O - http://web.default.svc.cluster.local/i"
+        res = run_pod(core, on_node("web-client", ["sh", "-c", fetch], {"kubernetes.io/hostname": "t4-3"}))
+        assert res.phase == "Succeeded" and "hello-through-a-service" in res.logs, res.logs
+        cluster_ip = core.read_namespaced_service("web", "default").spec.cluster_ip
+        assert f"Address: {cluster_ip}" in res.logs, res.logs  # the name is the Service's ClusterIP
+    finally:
+        core.delete_namespaced_service("web", "default")
+        core.delete_namespaced_pod("web-0", "default", grace_period_seconds=0)
+
+
 def test_nodes_of_one_rack_share_a_clique_and_another_rack_does_not(core: Any) -> None:
     r1 = f"{fleet.rack_cluster_uuid('r1')}.1"
     assert labels(core, "h100-0")[CLIQUE] == labels(core, "h100-1")[CLIQUE] == r1
@@ -187,4 +254,36 @@ def test_fault_on_an_unknown_node_names_the_cluster_nodes(fleet_cluster: Cluster
     assert res.stderr.strip().splitlines() == [
         f"mokka: error: no node 'nope' in this cluster (its nodes: {', '.join(NAMES)}), --node nope "
         f"--cluster-dir {fleet_cluster.layout.base}"
+    ]
+
+
+def test_a_rack_gets_its_clique_once_its_fabric_manager_is_ready(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`up --fabric-delay`: the rack's GPUs read In Progress at first (GFD gives no clique label);
+    once the delay is over they read Completed and `mokka cluster relabel` (GFD again) gives both
+    nodes the rack's clique."""
+    specs = (NodeSpec("h100", 1, "late"), NodeSpec("h100", 1, "late"))
+    with start_cluster(tmp_path_factory.mktemp("fabric-delay"), nodes=specs, fabric_delay=25) as cluster:
+        from kubernetes import client
+
+        core = client.CoreV1Api(cluster.api())
+        assert not [n for n in ("h100-0", "h100-1") if CLIQUE in labels(core, n)]
+        smi = cluster.node("h100-1").layout.driver_root / "usr" / "bin" / "nvidia-smi"
+        env = gpustack.nvml_env(cluster.node("h100-1").layout)
+        assert "<state>In Progress</state>" in cluster.node("h100-1").run([str(smi), "-q", "-x"], env=env).stdout
+        wait_for(
+            "the fabric probe Completed",
+            lambda: "<state>Completed</state>" in cluster.node("h100-1").run([str(smi), "-q", "-x"], env=env).stdout,
+            timeout=60,
+        )
+        res = run_cli("cluster", "relabel", "--dir", str(cluster.layout.base))
+        assert res.returncode == 0 and res.stdout.splitlines()[0].startswith("h100-0: "), res.stderr
+        want = f"{fleet.rack_cluster_uuid('late')}.1"
+        assert [labels(core, n).get(CLIQUE) for n in ("h100-0", "h100-1")] == [want, want]
+
+
+def test_a_fabric_delay_needs_a_rack(tmp_path: Path) -> None:
+    res = run_cli("cluster", "up", "--dir", str(tmp_path / "c"), "--node", "h100", "--fabric-delay", "5")
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"mokka: error: --fabric-delay: no node is in a rack (--node PROFILE@RACK), {tmp_path / 'c'}"
     ]

@@ -58,7 +58,7 @@ replace k8s.io/kubectl => ./staging/src/k8s.io/kubectl
 def test_builds_are_pinned_and_keyed_by_what_they_build() -> None:
     assert "v0." + versions.KUBERNETES.removeprefix("v1.") == versions.KUBERNETES_STAGING
     k8s = binaries.KUBERNETES
-    commands = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
+    commands = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet", "kubectl")
     assert k8s.binaries == ("kubernetes", *commands)  # one program, a link per command
     assert k8s.main is not None and all(f'case "{c}":' in k8s.main.read_text() for c in commands)
     assert any(f"gitVersion={versions.KUBERNETES}" in flag for flag in k8s.ldflags)
@@ -90,9 +90,14 @@ def test_kubelet_stays_off_the_host() -> None:
     assert "net/ipv4/ip_forward" in config.SYSCTLS
 
 
-def test_control_plane_listens_on_loopback_only() -> None:
+def test_control_plane_listens_inside_the_clusters_network_namespace_only() -> None:
+    """The API server binds every address of the cluster's own network namespace (its loopback and
+    the pods' bridge, whose gateway address it advertises for the `kubernetes` Service); the host
+    reaches it only through the forwarder on its loopback. etcd stays on the namespace's loopback."""
     argv = config.apiserver_argv(Path("kube-apiserver"), LAYOUT, PORTS)
-    assert "--bind-address=127.0.0.1" in argv and "--secure-port=6443" in argv
+    assert "--bind-address=0.0.0.0" in argv and "--secure-port=6443" in argv
+    assert f"--advertise-address={LAYOUT.gateway}" in argv
+    assert ipaddress.ip_address(LAYOUT.gateway) in ipaddress.ip_network(LAYOUT.pod_subnet)
     etcd = config.etcd_argv(Path("etcd"), LAYOUT, PORTS)
     urls = [a.split("=", 1)[1] for a in etcd if a.startswith("--listen-") and "metrics" not in a]
     assert urls and all(u.startswith("http://127.0.0.1:") for u in urls)
@@ -281,3 +286,14 @@ def test_nodes_share_the_pod_subnet_in_ranges_of_their_own() -> None:
     bridge = config.cni_conflist(LAYOUT.node("t4-1", 1))["plugins"][0]
     assert bridge["bridge"] == LAYOUT.bridge and bridge["ipam"]["ranges"][0][0]["rangeStart"] == ranges[1][0]
     assert config.hosts(["localhost", "h100-0", "t4-1"]).splitlines()[0] == "127.0.0.1 localhost h100-0 t4-1"
+
+
+def test_prune_keeps_only_the_current_cluster_builds(tmp_path: Path) -> None:
+    root = gobuild.bin_root(tmp_path)
+    current = root / binaries.COREDNS.key()
+    old = root / f"{binaries.COREDNS.name}-v0.0.1-0123456789"
+    other = root / "someone-else-v1-0123456789"
+    for d in (current, old, other):
+        d.mkdir(parents=True)
+    assert gobuild.prune([binaries.COREDNS], tmp_path) == [old.name]
+    assert sorted(p.name for p in root.iterdir()) == sorted([current.name, other.name])

@@ -93,6 +93,14 @@ def node_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., 
     show_default=True,
     help="The device plugin's and GFD's --mig-strategy (a profile declares the MIG layout).",
 )
+@click.option(
+    "--fabric-delay",
+    type=click.FloatRange(min=0),
+    default=0,
+    metavar="SECONDS",
+    help="The racks' fabric manager is ready SECONDS after up: until then their GPUs' fabric probe reads In "
+    "Progress (GFD's labels at up then carry no clique: `mokka cluster relabel` runs GFD again).",
+)
 @click.option("--keep-on-failure", is_flag=True, help="Leave a cluster that failed to come up running, for its logs.")
 def up_cmd(
     profile_name: str,
@@ -102,6 +110,7 @@ def up_cmd(
     allocator: str,
     device_list_strategy: str,
     mig_strategy: str,
+    fabric_delay: float,
     keep_on_failure: bool,
 ) -> None:
     """Start the cluster; prints `export KUBECONFIG=...` on stdout, one progress line per step on stderr."""
@@ -120,6 +129,7 @@ def up_cmd(
         allocator=allocator,
         device_list_strategy=device_list_strategy,
         mig_strategy=mig_strategy,
+        fabric_delay=fabric_delay,
         keep_on_failure=keep_on_failure,
     )
     t0 = time.monotonic()
@@ -155,6 +165,19 @@ def down_cmd(base: Path) -> None:
         return
     if problems:
         fail(f"clean-up incomplete: {'; '.join(problems)}, {base}")
+
+
+@cluster.command("relabel")
+@DIR_OPTION
+def relabel_cmd(base: Path) -> None:
+    """Run GPU Feature Discovery again on every node and apply its labels (GFD's daemon does it every minute)."""
+    from testbed.kube.cluster import Cluster, ClusterError
+
+    try:
+        for node, labels in Cluster.load(base).relabel().items():
+            click.echo(f"{node}: {len(labels)} labels")
+    except ClusterError as exc:
+        fail(f"{exc}, {base}")
 
 
 @cluster.command("status")

@@ -28,7 +28,7 @@ KUBERNETES = gobuild.GoBuild(
     version=versions.KUBERNETES,
     # One program for the five commands (gosrc/kube.go): a third of their separate size.
     main=Path(__file__).resolve().parent / "gosrc" / "kube.go",
-    links=("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"),
+    links=("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet", "kubectl"),
     ldflags=tuple(_K8S_VERSION_VARS),
     staging_version=versions.KUBERNETES_STAGING,
 )
@@ -49,7 +49,15 @@ DEVICE_PLUGIN = gobuild.GoBuild(
     cgo=True,  # go-nvml dlopens libnvidia-ml through cgo
 )
 
-GO_BUILDS = (KUBERNETES, DEVICE_PLUGIN)
+# The cluster's DNS (Services by name), as every Kubernetes cluster has it.
+COREDNS = gobuild.GoBuild(
+    name="coredns",
+    module="github.com/coredns/coredns",
+    version=versions.COREDNS,
+    commands=("github.com/coredns/coredns",),
+)
+
+GO_BUILDS = (KUBERNETES, DEVICE_PLUGIN, COREDNS)
 CNI_DIR = "usr/lib/cni"
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 
@@ -58,13 +66,14 @@ CNI_PLUGINS = ("bridge", "host-local", "loopback")
 class Binaries:
     """Paths of every program the cluster runs."""
 
-    kubernetes: Path  # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl
+    kubernetes: Path  # kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet, kubectl
     device_plugin: Path  # nvidia-device-plugin, gpu-feature-discovery, nvidia-cdi-hook, nvidia-ctk
+    coredns: Path
     etcd: Path
     cni: Path  # directory of the CNI plugins (bridge, host-local, loopback)
 
     def __getitem__(self, name: str) -> Path:
-        for d in (self.kubernetes, self.device_plugin):
+        for d in (self.kubernetes, self.device_plugin, self.coredns):
             if (d / name).is_file():
                 return d / name
         if name == "etcd":
@@ -94,9 +103,9 @@ def cached(cache: Path | None = None) -> Binaries | None:
     cnis = sorted(d for d in (cache / "extract").glob(f"{versions.CNI_PACKAGE}_*/{CNI_DIR}") if (d / "bridge").exists())
     if None in dirs or not etcds or not cnis:
         return None
-    k8s, dp = dirs
-    assert k8s is not None and dp is not None
-    return Binaries(k8s, dp, etcds[-1], cnis[-1])
+    k8s, dp, dns = dirs
+    assert k8s is not None and dp is not None and dns is not None
+    return Binaries(k8s, dp, dns, etcds[-1], cnis[-1])
 
 
 def ensure(cache: Path | None = None, progress: gobuild.Progress = gobuild.stderr_progress) -> Binaries:
@@ -104,6 +113,7 @@ def ensure(cache: Path | None = None, progress: gobuild.Progress = gobuild.stder
     return Binaries(
         kubernetes=gobuild.build(KUBERNETES, cache, progress),
         device_plugin=gobuild.build(DEVICE_PLUGIN, cache, progress),
+        coredns=gobuild.build(COREDNS, cache, progress),
         etcd=etcd(cache),
         cni=cni_plugins(cache),
     )

@@ -35,7 +35,7 @@ from typing import Any
 from gpumodel import profile as profiles
 from testbed import containerd_dist, debcache, gotool, kubelet_api, nvidia_smi
 
-from . import binaries, cgroups, config, gpustack, images, namespace, process, versions
+from . import binaries, cgroups, config, forward, gpustack, images, namespace, netns, process, versions
 from .config import Layout, NodePorts, Ports
 from .gobuild import BuildError
 from .node import Node, new_record
@@ -63,6 +63,7 @@ class Options:
     nri_plugin: bool = True  # False: none is started (e.g. the Helm chart's DaemonSet brings its own)
     mig_strategy: str = "none"  # the device plugin's and GFD's --mig-strategy: none | single | mixed
     nodes: tuple[NodeSpec, ...] = ()  # a fleet (each node <profile>-<i>); () = one node "localhost" of profile/gpus
+    fabric_delay: float = 0  # seconds until the racks' fabric manager is ready (In Progress until then)
 
     def specs(self) -> tuple[NodeSpec, ...]:
         return self.nodes or (NodeSpec(self.profile, self.gpus),)
@@ -168,6 +169,12 @@ class Cluster:
         p = self.proc("namespace")
         return p.pid if p and p.alive() else None
 
+    @property
+    def net_holder(self) -> int | None:
+        """The holder of the cluster's network namespace (:mod:`.netns`)."""
+        p = self.proc("netns")
+        return p.pid if p and p.alive() else None
+
     # ------------------------------------------------------------------ for tests and plugins
 
     def api(self) -> Any:
@@ -197,7 +204,7 @@ class Cluster:
             raise ClusterError("the namespace is gone (is the cluster down?)")
         kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
-        return subprocess.run(process.in_namespace(holder, argv), check=False, **kw)
+        return subprocess.run(process.in_namespace(holder, argv, self.net_holder), check=False, **kw)
 
     def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> process.Proc:
         """Start a long-running process in the first node's namespace; ``down`` stops it (before kubelet)."""
@@ -216,7 +223,7 @@ class Cluster:
     ) -> process.Proc:
         if self.proc(name) is not None and self.proc(name).alive():  # type: ignore[union-attr]
             raise ClusterError(f"a process named {name!r} runs already")
-        proc = process.spawn(name, argv, log, holder=holder, env=env)
+        proc = process.spawn(name, argv, log, holder=holder, env=env, net=self.net_holder)
         self.state.procs = [p for p in self.state.procs if p["name"] != name] + [asdict(proc)]
         self.save()
         return proc
@@ -228,7 +235,8 @@ class Cluster:
         spec_file.write_text(json.dumps(spec, indent=1))
         ready = ns_dir / "ready"
         argv = ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-m", namespace.__name__]
-        holder = process.spawn(name, [*argv, str(spec_file), str(ready)], logs / "namespace.log", holder=None)
+        log = logs / "namespace.log"
+        holder = process.spawn(name, [*argv, str(spec_file), str(ready)], log, holder=None, net=self.net_holder)
         self.state.procs.append(asdict(holder))
         self.save()
         self.wait(name, ready.exists, timeout=30)
@@ -369,9 +377,11 @@ class Cluster:
         if layout.base.exists() and any(layout.base.iterdir()):
             raise ClusterError(f"the directory is in use (a cluster? mokka cluster down --dir {layout.base})")
         try:
-            resolved = resolve(options.specs(), fleet_names=bool(options.nodes))
+            resolved = resolve(options.specs(), fleet_names=bool(options.nodes), fabric_delay=options.fabric_delay)
         except ValueError as exc:
             raise ClusterError(str(exc) if options.nodes else f"profile {options.profile}: {exc}") from None
+        if options.fabric_delay and not any(r.rack for r in resolved):
+            raise ClusterError("--fabric-delay: no node is in a rack (--node PROFILE@RACK)")
         longest = max(len(str(layout.node(r.name, i).containerd_socket)) for i, r in enumerate(resolved))
         if longest + len(".ttrpc") > 100:
             raise ClusterError("the path is too long for containerd's sockets; choose a shorter --dir")
@@ -447,10 +457,12 @@ class Cluster:
         with self._step(progress, f"mock nodes staged ({staged})"):
             by_name = {n.name: prof for n, prof in zip(nodes, profs, strict=True)}
             self._each("mock node", lambda n: n.stage(by_name[n.name], smi))
+        with self._step(progress, "network namespace (the pods' bridge, Services' rules) and the host's way in"):
+            self._start_netns()
         with self._step(progress, "certificates and kubeconfigs"):
             pki = Pki(layout.pki)
-            pki.generate([n.name for n in nodes])
-            for name in ("admin", "controller-manager", "scheduler"):
+            pki.generate([n.name for n in nodes], addresses=[layout.gateway])
+            for name in ("admin", "controller-manager", "scheduler", "kube-proxy"):
                 pki.kubeconfig(name, self.server, layout.kubeconfigs / f"{name}.conf")
             for n in nodes:
                 pki.kubeconfig(f"kubelet-{n.name}", self.server, n.layout.kubeconfig)
@@ -458,9 +470,10 @@ class Cluster:
         with self._step(progress, "private mount namespaces (control plane; each node's host paths, sysctls, GPUs)"):
             layout.ns.mkdir(parents=True, exist_ok=True)
             layout.hosts_file.write_text(config.hosts([n.name for n in nodes]))
-            self.state.namespace_inode = self.start_holder(
-                "namespace", {"binds": [[str(layout.hosts_file), "/etc/hosts"]]}, layout.ns, layout.logs
-            )
+            xtables = layout.ns / "xtables.lock"  # iptables' lock (kube-proxy): the cluster's own
+            xtables.touch()
+            binds = [[str(layout.hosts_file), "/etc/hosts"], [str(xtables), "/run/xtables.lock"]]
+            self.state.namespace_inode = self.start_holder("namespace", {"binds": binds}, layout.ns, layout.logs)
             self.state.host_sysctls = {key: Path("/proc/sys", key).read_text().strip() for key in config.SYSCTLS}
             self._each("private mount namespace", lambda n: n.start_namespace(self.state.host_sysctls))
             self.save()
@@ -489,6 +502,15 @@ class Cluster:
             self._each("kubelet", lambda n: n.start_kubelet(bins["kubelet"]))
             self._wait_each("node Ready", lambda n: n.ready())
             self.wait("default service account", self._default_service_account)
+        with self._step(progress, "Services and DNS: kube-proxy, CoreDNS (kube-system/kube-dns)"):
+            proxy = config.kube_proxy_argv(bins["kube-proxy"], layout, nodes[0].name, 10256, 10249)
+            self.spawn_in(self.holder, "kube-proxy", proxy, layout.logs / "kube-proxy.log", env=_SBIN)
+            layout.corefile.write_text(config.corefile(layout))
+            dns = [str(bins["coredns"]), "-conf", str(layout.corefile)]
+            self.spawn_in(self.holder, "coredns", dns, layout.logs / "coredns.log")
+            service, endpoints = config.dns_service(layout)
+            self.post("/api/v1/namespaces/kube-system/services", service)
+            self.post("/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices", endpoints)
         self.state.timings["node Ready"] = round(time.monotonic() - t_start, 2)
         if options.allocator == "device-plugin":
             with self._step(
@@ -518,9 +540,56 @@ class Cluster:
         self.state.timings["up"] = round(time.monotonic() - t_start, 2)
         self.save()
 
+    def relabel(self) -> dict[str, dict[str, str]]:
+        """GFD one-shot again on every node, its labels applied (what GFD's daemon does every
+        minute); each node's labels."""
+        bins = binaries.cached(self._cache)
+        if bins is None:
+            raise ClusterError("GFD is not in the cache (mokka cluster up builds it)")
+        out = {}
+        for n in self.nodes:
+            labels = self.run_gfd(bins["gpu-feature-discovery"], n.name)
+            n.label(labels)
+            out[n.name] = labels
+        return out
+
     def run_gfd(self, binary: Path, node: str | None = None) -> dict[str, str]:
         """GFD one-shot on node ``node`` (default: the first); its labels (applied by the caller)."""
         return self.node(node).run_gfd(binary, str(self.state.options.get("mig_strategy", "none")))
+
+    def _start_netns(self) -> None:
+        """The cluster's network namespace (:mod:`.netns`), and the forwarder that lets the host reach
+        the API server and the NRI plugins' health ports in it (:mod:`.forward`)."""
+        layout = self.layout
+        layout.ns.mkdir(parents=True, exist_ok=True)
+        ready = layout.ns / "netns-ready"
+        prefix = layout.pod_subnet.split("/")[1]
+        argv = ["unshare", "--net", "--", sys.executable, "-m", netns.__name__, layout.bridge, prefix, str(ready)]
+        argv += [layout.gateway, *(n.layout.node_ip for n in self.nodes)]
+        holder = process.spawn("netns", argv, layout.logs / "netns.log", holder=None)
+        self.state.procs.append(asdict(holder))
+        self.save()
+        self.wait("network namespace", ready.exists, timeout=30)
+        ports = [self.ports.apiserver, *(n.ports.nri_health for n in self.nodes)]
+        argv = [sys.executable, "-m", forward.__name__, f"/proc/{holder.pid}/ns/net", *map(str, ports)]
+        fwd = process.spawn("forward", argv, layout.logs / "forward.log", holder=None)
+        self.state.procs.append(asdict(fwd))
+        self.save()
+        self.wait("the host's forwarder", lambda: "forwarding" in Path(fwd.log).read_text(), timeout=30)
+
+    def post(self, path: str, body: Any) -> dict[str, Any]:
+        req = urllib.request.Request(
+            self.server + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, context=self._ssl(), timeout=10) as res:
+                data: dict[str, Any] = json.loads(res.read())
+                return data
+        except (OSError, ValueError) as exc:
+            raise ClusterError(f"POST {path}: {exc}") from None
 
     def _apiserver_ready(self) -> bool:
         try:
@@ -551,8 +620,9 @@ class Cluster:
         for name in CONTROL_PLANE:
             if (p := self.proc(name)) is not None and p.stop():
                 problems.append(f"{name} ignored SIGTERM")
-        if (holder := self.proc("namespace")) is not None:
-            holder.stop()
+        for name in ("namespace", "forward", "netns"):  # the network namespace goes with its last process
+            if (p := self.proc(name)) is not None:
+                p.stop()
         # Whatever names the cluster's directory (a shim's -address, when a namespace was gone).
         problems += process.kill_naming(str(layout.base) + "/")
         for i in range(len(self.state.nodes)):
@@ -569,7 +639,8 @@ class Cluster:
         return problems
 
 
-CONTROL_PLANE = ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+CONTROL_PLANE = ("coredns", "kube-proxy", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+_SBIN = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}  # kube-proxy runs iptables
 
 
 def config_version() -> str:

@@ -17,6 +17,7 @@ import yaml
 from .pki import Pki
 
 SERVICE_RANGE = "10.96.0.0/16"
+DNS_SERVICE_IP = "10.96.0.10"  # the cluster DNS (kube-system/kube-dns), as kubeadm places it
 PAUSE_IMAGE = "localhost/mokka/pause:1"
 
 
@@ -131,6 +132,16 @@ class Layout:
     def pod_subnet(self) -> str:
         return f"10.{200 + int(self.tag[:2], 16) % 50}.{int(self.tag[2:4], 16)}.0/24"
 
+    @property
+    def gateway(self) -> str:
+        """The bridge's address in the cluster's network namespace: the pods' gateway, where the API
+        server and the cluster DNS are reached from pods."""
+        return str(ipaddress.ip_network(self.pod_subnet)[1])
+
+    @property
+    def corefile(self) -> Path:
+        return self.base / "Corefile"
+
     def node(self, name: str, index: int) -> NodeLayout:
         return NodeLayout(self, name, index)
 
@@ -196,6 +207,12 @@ class NodeLayout:
         return f"{self.cluster.cgroup_prefix}-{self.index}"
 
     @property
+    def node_ip(self) -> str:
+        """The node's address on the pods' bridge (kubelet needs one that is not loopback), above
+        every node's pod range."""
+        return str(ipaddress.ip_network(self.cluster.pod_subnet)[254 - self.index])
+
+    @property
     def pod_range(self) -> tuple[str, str]:
         """This node's addresses in the cluster's pod subnet (every node's pods share it)."""
         net = ipaddress.ip_network(self.cluster.pod_subnet)
@@ -238,7 +255,7 @@ def etcd_argv(etcd: Path, layout: Layout, ports: Ports) -> list[str]:
         f"--initial-advertise-peer-urls={peer}",
         f"--initial-cluster=mokka={peer}",
         "--listen-metrics-urls=",
-        # A throw-away single-node test cluster: no fsync per write keeps it fast on a busy disk.
+        # A throw-away local test cluster: no fsync per write keeps it fast on a busy disk.
         "--unsafe-no-fsync",
         "--snapshot-count=10000",
         "--log-level=warn",
@@ -251,13 +268,13 @@ def apiserver_argv(binary: Path, layout: Layout, ports: Ports) -> list[str]:
     return [
         str(binary),
         f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        # In the cluster's network namespace: its loopback (etcd, kubelets, the host's forwarder) and
+        # the pods' bridge (the `kubernetes` Service leads to the advertised gateway address).
+        "--bind-address=0.0.0.0",
+        f"--advertise-address={layout.gateway}",
         f"--secure-port={ports.apiserver}",
-        # The node is reached by its name (localhost): kubelet refuses a loopback node IP.
+        # A node is reached by its name (the control plane's hosts file): kubelet refuses a loopback node IP.
         "--kubelet-preferred-address-types=Hostname",
-        # No endpoints for the loopback advertise address (the apiserver rejects them).
-        "--endpoint-reconciler-type=none",
         f"--service-cluster-ip-range={SERVICE_RANGE}",
         f"--client-ca-file={pki.ca}",
         f"--tls-cert-file={p('apiserver.crt')}",
@@ -341,6 +358,7 @@ def kubelet_config(node: NodeLayout, ports: NodePorts) -> dict[str, Any]:
         "makeIPTablesUtilChains": False,
         "protectKernelDefaults": False,
         "clusterDomain": "cluster.local",
+        "clusterDNS": [DNS_SERVICE_IP],
         "resolvConf": "/etc/resolv.conf",
         # The images are imported locally: never garbage-collect them; a busy disk is no pressure.
         "imageGCHighThresholdPercent": 100,
@@ -361,6 +379,7 @@ def kubelet_argv(binary: Path, node: NodeLayout) -> list[str]:
         f"--config={node.kubelet_config}",
         f"--kubeconfig={node.kubeconfig}",
         f"--hostname-override={node.name}",
+        f"--node-ip={node.node_ip}",
         "--v=1",
     ]
 
@@ -443,6 +462,7 @@ def cni_conflist(node: NodeLayout) -> dict[str, Any]:
                 "type": "bridge",
                 "bridge": node.cluster.bridge,
                 "isGateway": True,
+                "isDefaultGateway": True,  # Services (10.96.0.0/16) are reached through the gateway
                 "ipMasq": False,
                 "ipam": {
                     "type": "host-local",
@@ -465,3 +485,60 @@ def hosts(names: list[str]) -> str:
     """The control plane's /etc/hosts: every node name is this machine's loopback (each kubelet
     listens on a port of its own there; the API server reaches it by name)."""
     return "127.0.0.1 localhost " + " ".join(n for n in names if n != "localhost") + "\n::1 localhost\n"
+
+
+def kube_proxy_argv(binary: Path, layout: Layout, first_node: str, healthz: int, metrics: int) -> list[str]:
+    """One kube-proxy for the cluster's network namespace (every node's pods are in it): iptables
+    rules there only; no conntrack sysctls (they are the host's, not the namespace's); Services'
+    traffic masqueraded, so a pod behind a Service answers through the bridge's gateway."""
+    return [
+        str(binary),
+        f"--kubeconfig={layout.kubeconfigs / 'kube-proxy.conf'}",
+        f"--hostname-override={first_node}",
+        f"--cluster-cidr={layout.pod_subnet}",
+        "--proxy-mode=iptables",
+        "--masquerade-all",
+        "--conntrack-max-per-core=0",
+        "--conntrack-tcp-timeout-established=0",
+        "--conntrack-tcp-timeout-close-wait=0",
+        f"--healthz-bind-address=127.0.0.1:{healthz}",
+        f"--metrics-bind-address=127.0.0.1:{metrics}",
+        "--v=1",
+    ]
+
+
+def corefile(layout: Layout) -> str:
+    """CoreDNS: the cluster's names from the API server (no upstream: the cluster has no way out)."""
+    return (
+        ".:53 {\n"
+        "    errors\n"
+        "    kubernetes cluster.local in-addr.arpa ip6.arpa {\n"
+        f"        kubeconfig {layout.admin_kubeconfig} mokka\n"
+        "        pods insecure\n"
+        "    }\n"
+        "}\n"
+    )
+
+
+def dns_service(layout: Layout) -> tuple[dict[str, Any], dict[str, Any]]:
+    """kube-system/kube-dns at DNS_SERVICE_IP, and its EndpointSlice: CoreDNS on the gateway address."""
+    ports = [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+        "spec": {"clusterIP": DNS_SERVICE_IP, "ports": [{**p, "targetPort": 53} for p in ports]},
+    }
+    endpoints = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "kube-dns-mokka",
+            "namespace": "kube-system",
+            "labels": {"kubernetes.io/service-name": "kube-dns", "endpointslice.kubernetes.io/managed-by": "mokka"},
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [layout.gateway], "conditions": {"ready": True}}],
+        "ports": ports,
+    }
+    return service, endpoints

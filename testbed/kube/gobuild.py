@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +89,22 @@ def build(spec: GoBuild, cache: Path | None = None, progress: Progress = stderr_
             return found
         _sweep(spec, cache)
         return _build(spec, cache, progress)
+
+
+def prune(keep: Sequence[GoBuild], cache: Path | None = None) -> list[str]:
+    """Remove the other builds of ``keep``'s programs (an older version, source or flags: a build
+    is keyed by all of them); the names removed."""
+    root = bin_root(cache)
+    wanted = {spec.key() for spec in keep}
+    stale = [
+        d
+        for spec in keep
+        for d in sorted(root.glob(f"{spec.name}-v*"))
+        if d.is_dir() and d.name not in wanted and ".tmp" not in d.name
+    ]
+    for d in stale:
+        shutil.rmtree(d, ignore_errors=True)
+    return [d.name for d in stale]
 
 
 def _sweep(spec: GoBuild, cache: Path) -> None:

@@ -221,9 +221,6 @@ class Node:
         problems += gpustack.unstage_node(self.layout)
         return problems
 
-    def as_record(self) -> dict[str, Any]:
-        return dict(self.record)
-
 
 def new_record(name: str, prof: profiles.Profile, spec: str, rack: str | None, ports: NodePorts) -> dict[str, Any]:
     """What the cluster's state keeps of a node."""

@@ -63,9 +63,10 @@ def _label(profile_arg: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:40] or "node"
 
 
-def resolve(specs: Sequence[NodeSpec], fleet_names: bool) -> list[ResolvedNode]:
+def resolve(specs: Sequence[NodeSpec], fleet_names: bool, fabric_delay: float = 0) -> list[ResolvedNode]:
     """Each spec's node; ``fleet_names``: named ``<profile>-<i>`` with GPUs of its own (``--node``),
-    else the one node ``localhost`` with the profile's GPUs. ProfileError or ValueError name the node."""
+    else the one node ``localhost`` with the profile's GPUs; ``fabric_delay``: the fabric manager of
+    every rack is ready that many seconds from now. A ValueError names the node."""
     if not specs:
         raise ValueError("a cluster needs at least one node")
     if len(specs) > MAX_NODES:
@@ -84,7 +85,7 @@ def resolve(specs: Sequence[NodeSpec], fleet_names: bool) -> list[ResolvedNode]:
             if fleet_names:
                 prof = fleet.as_node(prof, name)
             if rack:
-                prof = fleet.in_rack(prof, rack)
+                prof = fleet.with_fabric_delay(fleet.in_rack(prof, rack), fabric_delay)
         except (profiles.ProfileError, ValueError) as exc:
             raise ValueError(f"node {name} ({spec}): {exc}") from None
         out.append(ResolvedNode(name, spec, prof, rack))

@@ -42,8 +42,9 @@ CLIENTS = (
     Client("controller-manager", "system:kube-controller-manager"),
     Client("scheduler", "system:kube-scheduler"),
     Client("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)),
+    Client("kube-proxy", "system:kube-proxy"),  # bound to system:node-proxier by Kubernetes' own RBAC
 )
-KUBECONFIGS = ("admin", "controller-manager", "scheduler")
+KUBECONFIGS = ("admin", "controller-manager", "scheduler", "kube-proxy")
 
 
 def kubelet_client(node: str) -> Client:
@@ -92,7 +93,7 @@ class Pki:
     def ca(self) -> Path:
         return self.path("ca.crt")
 
-    def generate(self, nodes: Sequence[str] = (NODE_NAME,)) -> None:
+    def generate(self, nodes: Sequence[str] = (NODE_NAME,), addresses: Sequence[str] = ()) -> None:
         """The CA, the control plane's certificates, and each node's kubelet client and serving ones."""
         self.base.mkdir(parents=True, exist_ok=True, mode=0o700)
         ca_key = _key()
@@ -122,7 +123,11 @@ class Pki:
             "apiserver",
             _name("kube-apiserver"),
             ExtendedKeyUsageOID.SERVER_AUTH,
-            [*(x509.DNSName(n) for n in API_SERVER_NAMES), *loopback, x509.IPAddress(ipaddress.ip_address(SERVICE_IP))],
+            [
+                *(x509.DNSName(n) for n in API_SERVER_NAMES),
+                *loopback,
+                *(x509.IPAddress(ipaddress.ip_address(a)) for a in (SERVICE_IP, *addresses)),
+            ],
         )
         for node in nodes:
             serving = [x509.DNSName(node), *loopback]

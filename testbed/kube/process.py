@@ -70,11 +70,13 @@ def wait_gone(procs: Sequence[Proc], timeout: float) -> bool:
     return True
 
 
-def in_namespace(holder: int | None, argv: Sequence[str]) -> list[str]:
-    """``argv`` run inside the mount namespace held by process ``holder`` (as is when None)."""
-    if holder is None:
-        return list(argv)
-    return [NSENTER, f"--mount=/proc/{holder}/ns/mnt", "--", *argv]
+def in_namespace(holder: int | None, argv: Sequence[str], net: int | None = None) -> list[str]:
+    """``argv`` run inside the mount namespace held by process ``holder`` and the network namespace
+    held by process ``net`` (each as is when None)."""
+    joins = ([f"--net=/proc/{net}/ns/net"] if net is not None else []) + (
+        [f"--mount=/proc/{holder}/ns/mnt"] if holder is not None else []
+    )
+    return [NSENTER, *joins, "--", *argv] if joins else list(argv)
 
 
 def spawn(
@@ -85,13 +87,14 @@ def spawn(
     holder: int | None,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    net: int | None = None,
 ) -> Proc:
-    """Start ``argv`` (in the namespace of ``holder``) in a new session; output appended to ``log``."""
+    """Start ``argv`` (in the namespaces of ``holder`` and ``net``) in a new session; output appended to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {})}
     with log.open("ab") as out:
         popen = subprocess.Popen(
-            in_namespace(holder, argv),
+            in_namespace(holder, argv, net),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

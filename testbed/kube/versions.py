@@ -11,6 +11,8 @@ DEVICE_PLUGIN = "v0.18.0"
 ETCD_SUITE = "trixie"
 ETCD_PACKAGE = "etcd-server"
 CONTAINERD = "2.1"
+# The cluster's DNS; 1.12 is the newest whose go.mod asks no more than Debian's Go fallback (1.24).
+COREDNS = "v1.12.4"
 # bridge, host-local, loopback for the pod network
 CNI_SUITE = "bookworm"
 CNI_PACKAGE = "containernetworking-plugins"

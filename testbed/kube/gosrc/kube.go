@@ -1,4 +1,4 @@
-// One program for the five Kubernetes commands the local cluster runs, chosen by the name it is
+// One program for the six Kubernetes commands the local cluster runs, chosen by the name it is
 // run as (the cache holds it as `kubernetes`, with links named after each command). The five share most
 // of their code: one binary is a third of their total size and links once.
 //
@@ -23,6 +23,7 @@ import (
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
@@ -37,6 +38,8 @@ func main() {
 		command = controllermanager.NewControllerManagerCommand()
 	case "kube-scheduler":
 		command = scheduler.NewSchedulerCommand()
+	case "kube-proxy":
+		command = proxy.NewProxyCommand()
 	case "kubelet":
 		command = kubelet.NewKubeletCommand(context.Background())
 	case "kubectl":
@@ -46,7 +49,7 @@ func main() {
 		}
 		return
 	default:
-		fmt.Fprintf(os.Stderr, "%s: run me as kube-apiserver, kube-controller-manager, kube-scheduler, kubelet or kubectl\n", name)
+		fmt.Fprintf(os.Stderr, "%s: run me as kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet or kubectl\n", name)
 		os.Exit(2)
 	}
 	os.Exit(cli.Run(command))
