@@ -328,18 +328,23 @@ class Cluster:
             raise ClusterError(f"GET {path}: {exc}") from None
 
     def patch(self, path: str, body: Any) -> dict[str, Any]:
+        """A JSON merge patch of the object at ``path``."""
+        return self._send("PATCH", path, body, "application/merge-patch+json")
+
+    def post(self, path: str, body: Any) -> dict[str, Any]:
+        """Create ``body`` in the collection at ``path``."""
+        return self._send("POST", path, body, "application/json")
+
+    def _send(self, method: str, path: str, body: Any, content_type: str) -> dict[str, Any]:
         req = urllib.request.Request(
-            self.server + path,
-            data=json.dumps(body).encode(),
-            method="PATCH",
-            headers={"Content-Type": "application/merge-patch+json"},
+            self.server + path, data=json.dumps(body).encode(), method=method, headers={"Content-Type": content_type}
         )
         try:
             with urllib.request.urlopen(req, context=self._ssl(), timeout=10) as res:
                 data: dict[str, Any] = json.loads(res.read())
                 return data
         except (OSError, ValueError) as exc:
-            raise ClusterError(f"PATCH {path}: {exc}") from None
+            raise ClusterError(f"{method} {path}: {exc}") from None
 
     def label_node(self, labels: Mapping[str, str], node: str | None = None) -> None:
         self.node(node).label(labels)
@@ -576,20 +581,6 @@ class Cluster:
         self.state.procs.append(asdict(fwd))
         self.save()
         self.wait("the host's forwarder", lambda: "forwarding" in Path(fwd.log).read_text(), timeout=30)
-
-    def post(self, path: str, body: Any) -> dict[str, Any]:
-        req = urllib.request.Request(
-            self.server + path,
-            data=json.dumps(body).encode(),
-            method="POST",
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(req, context=self._ssl(), timeout=10) as res:
-                data: dict[str, Any] = json.loads(res.read())
-                return data
-        except (OSError, ValueError) as exc:
-            raise ClusterError(f"POST {path}: {exc}") from None
 
     def _apiserver_ready(self) -> bool:
         try:
