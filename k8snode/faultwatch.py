@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -174,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", ""), help="its namespace")
     parser.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="this node (default: $NODE_NAME)")
     args = parser.parse_args(argv)
+    # The container's process 1: the kernel ignores a SIGTERM it has no handler for, and the pod would
+    # wait out its whole grace period on every delete and rollout.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if not args.node or not args.namespace:
         print("mokka faultwatch: error: no node or namespace (set NODE_NAME, POD_NAMESPACE), --node", file=sys.stderr)
         return 1

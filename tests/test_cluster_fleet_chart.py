@@ -1,7 +1,9 @@
 """The Helm chart's DaemonSet on a fleet of two real nodes: one pod per real node and none on a
 virtual one (a Node object without a kubelet, labelled as KWOK's are); each node's pod stages that
-node (its /var/lib/mokka is the node's own) and serves its pods; a node whose pod is deleted gets it
-back while the other keeps serving; a rolling update replaces the pods node by node.
+node (its /var/lib/mokka is the node's own) and serves its pods; its node labeller and fault
+watcher reach the API server from inside the cluster, and the fault ConfigMap's entry for one node
+changes that node alone; a node whose pod is deleted gets it back while the other keeps serving; a
+rolling update replaces the pods node by node.
 
 As in test_cluster_daemonset, the cluster runs no NRI plugin and no device plugin of its own: the
 chart's pods are the GPU stack.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -59,7 +62,10 @@ def release(cluster: Cluster, core: Any, tmp_path_factory: pytest.TempPathFactor
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "gpu": {"profile": "t4", "count": 1},
         "hostSetup": {"runNvidia": {"enabled": False}},  # the default root, /var/lib/mokka: each node's own
-        "nodeInfo": {"enabled": False},  # the pod network cannot reach the API server here (no kube-proxy)
+        # In-cluster API access (the `kubernetes` Service through kube-proxy): the node labeller and the
+        # fault watcher run on every node.
+        "nodeInfo": {"enabled": True},
+        "faults": {"enabled": True},
     }
     values_file = tmp_path_factory.mktemp("values") / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
@@ -126,12 +132,45 @@ def test_each_nodes_pod_stages_that_node_and_serves_it(cluster: Cluster, core: A
         assert serves(core, n.name, f"on-{n.name}").count("Tesla T4") == 1
 
 
+def test_the_node_labeller_labels_each_real_node_from_inside(core: Any, release: str) -> None:
+    for node in NODES:
+        meta = core.read_node(node).metadata
+        assert "mokka.io/node-identity" in (meta.annotations or {}), node
+        assert meta.labels["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert "mokka.io/node-identity" not in (core.read_node(VIRTUAL).metadata.annotations or {})
+
+
+def faults_in_effect(n: Any) -> str:
+    """`mokka fault list` on the node (in its namespace: its /var/lib/mokka, where its chart pod staged it)."""
+    res = n.run([sys.executable, "-m", "mokka.cli", "fault", "list", "--root", "/var/lib/mokka"], timeout=60)
+    assert res.returncode == 0, res.stderr
+    return str(res.stdout)
+
+
+def test_a_fault_entry_for_one_node_changes_that_node_alone(cluster: Cluster, core: Any, release: str) -> None:
+    name = next(d["metadata"]["name"] for d in yaml.safe_load_all(release) if d and d["kind"] == "ConfigMap"
+                and d["metadata"]["name"].endswith("-faults"))  # fmt: skip
+    core.patch_namespaced_config_map(name, NAMESPACE, {"data": {"t4-1": "steps: [{gpu: 0, xid: 79}]"}})
+    t4, h100 = cluster.node("t4-1"), cluster.node("h100-0")
+    lost = "lost (fell off the bus)"  # what Xid 79 does to the GPU
+    wait_for("t4-1's watcher to apply its entry", lambda: lost in faults_in_effect(t4), 90)
+    assert faults_in_effect(h100).strip() == "no faults in effect"
+    core.patch_namespaced_config_map(name, NAMESPACE, [{"op": "remove", "path": "/data/t4-1"}])
+    wait_for("t4-1 back to its profile", lambda: lost not in faults_in_effect(t4), 90)
+    assert "Xid 79" in faults_in_effect(t4)  # the event stays in its history, as a real driver's log does
+
+
 def test_a_deleted_pod_comes_back_while_the_other_node_serves(cluster: Cluster, core: Any, release: str) -> None:
     old = pods(core)["h100-0"].metadata.uid
     core.delete_namespaced_pod(pods(core)["h100-0"].metadata.name, NAMESPACE, grace_period_seconds=30)
     assert serves(core, "t4-1", "meanwhile").count("Tesla T4") == 1  # the other node's pod is untouched
-    wait_ready(cluster, core, "the deleted pod replaced")
-    assert pods(core)["h100-0"].metadata.uid != old
+
+    def replaced() -> bool:
+        pod = pods(core).get("h100-0")
+        return pod is not None and pod.metadata.uid != old and ready(pod)
+
+    wait_for("a new pod Ready on h100-0", replaced, 240)
+    wait_ready(cluster, core, "the DaemonSet whole again")
     assert serves(core, "h100-0", "restored").count("Tesla T4") == 1
 
 
