@@ -10,7 +10,7 @@ or disappears, without ``/var/lib`` changing on the host; what is written into a
 still reaches the host, what is created beside them lands on the tmpfs and goes with the
 namespace.
 
-Two users: the local cluster's namespace holder (:mod:`testbed.kube.namespace`) and
+Two users: the local cluster's namespace holder (:mod:`localcluster.namespace`) and
 ``python -m testbed.mounts``, which runs one command in a view — with ``--fresh``, a view in
 which every path a GPU node's software keeps on the host (:data:`FRESH_PATHS`: kubelet's,
 containerd's, CDI's, NRI's, ``/run/nvidia``...) is absent, as on a machine that never ran any of

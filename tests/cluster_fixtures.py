@@ -1,4 +1,4 @@
-"""A real Kubernetes with mock GPUs for the tests (testbed.kube), and pod helpers.
+"""A real Kubernetes with mock GPUs for the tests (localcluster), and pod helpers.
 
 ``kube_cluster`` (session): one cluster for the whole run — NVIDIA's device plugin in envvar
 mode, the h100 profile's 8 GPUs, GFD's labels on the node. ``start_cluster(base, **options)``
@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from localcluster.cluster import Cluster, Options, leftovers
+from localcluster.images import WORKLOAD_IMAGE
 from testbed.kube import binaries
-from testbed.kube.cluster import Cluster, Options, leftovers
-from testbed.kube.images import WORKLOAD_IMAGE
 
 SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward")
 

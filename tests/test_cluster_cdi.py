@@ -21,7 +21,7 @@ from cluster_fixtures import pod_manifest, require_root, run_pod, start_cluster
 
 from gpumodel import nodelayout, profile
 from hostsetup import node as hostnode
-from testbed.kube.cluster import Cluster
+from localcluster.cluster import Cluster
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from cluster_fixtures import ensure_binaries, host_sysctls, pod_manifest, require_root, run_pod
 
-from testbed.kube.cluster import Cluster, leftovers
+from localcluster.cluster import Cluster, leftovers
 
 pytestmark = [pytest.mark.root]
 

@@ -1,5 +1,5 @@
 """The Helm chart's DaemonSet itself on a real kubelet, from Mokka's node image assembled without
-Docker (testbed.kube.nodeimage, imported with ctr): its privileged init container stages the node,
+Docker (localcluster.nodeimage, imported with ctr): its privileged init container stages the node,
 its NRI plugin (probed on /healthz and /readyz by kubelet) gives an unmodified pod the profile's
 GPUs, and deleting the DaemonSet undoes the staged node through the preStop hook.
 
@@ -19,9 +19,9 @@ import test_chart
 import yaml
 from cluster_fixtures import pod_manifest, run_pod, start_cluster, wait_for
 
+from localcluster import nodeimage
+from localcluster.cluster import Cluster
 from testbed import nvidia_smi, prepare, versions
-from testbed.kube import nodeimage
-from testbed.kube.cluster import Cluster
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

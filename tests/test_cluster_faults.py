@@ -1,4 +1,4 @@
-"""Faults on a real Kubernetes node (testbed.kube: kubelet, API server, NVIDIA's device plugin
+"""Faults on a real Kubernetes node (localcluster: kubelet, API server, NVIDIA's device plugin
 v0.18.0 in envvar mode): the kubelet's allocatable `nvidia.com/gpu` drops by exactly the GPU an
 Xid made unhealthy, whether the fault came from `mokka fault` or from the fault ConfigMap the
 node's watcher (k8snode.faultwatch, what the chart runs) applies without any restart.

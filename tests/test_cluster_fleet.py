@@ -18,9 +18,9 @@ import pytest
 from cluster_fixtures import pod_manifest, run_pod, start_cluster, wait_for
 
 from gpumodel import fleet
-from testbed.kube import gpustack, nodeimage
-from testbed.kube.cluster import Cluster
-from testbed.kube.nodespec import NodeSpec
+from localcluster import gpustack, nodeimage
+from localcluster.cluster import Cluster
+from localcluster.nodespec import NodeSpec
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

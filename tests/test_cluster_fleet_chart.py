@@ -23,10 +23,10 @@ import test_chart
 import yaml
 from cluster_fixtures import pod_manifest, run_pod, start_cluster, wait_for
 
+from localcluster import nodeimage
+from localcluster.cluster import Cluster
+from localcluster.nodespec import NodeSpec
 from testbed import nvidia_smi, prepare, versions
-from testbed.kube import nodeimage
-from testbed.kube.cluster import Cluster
-from testbed.kube.nodespec import NodeSpec
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ from cluster_fixtures import SYSCTLS, host_sysctls, pod_manifest, run_pod, wait_
 
 from gpumodel import profile
 from k8snode import nodeinfo
-from testbed.kube.cluster import Cluster
+from localcluster.cluster import Cluster
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

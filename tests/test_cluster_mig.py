@@ -19,7 +19,7 @@ from cluster_fixtures import pod_manifest, run_pod, start_cluster
 from mig_fixtures import mig_profile_data, write_profile
 
 from gpumodel import mig_state, profile
-from testbed.kube.cluster import Cluster
+from localcluster.cluster import Cluster
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

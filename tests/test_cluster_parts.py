@@ -22,10 +22,11 @@ from cryptography.x509.oid import NameOID
 
 from gpumodel import fleet, profile
 from hostsetup import sysfs
+from localcluster import config, gpustack, pki
+from localcluster.config import Layout, NodePorts, Ports
+from localcluster.nodespec import NodeSpec, resolve
 from testbed import containerd_dist
-from testbed.kube import binaries, config, gobuild, gpustack, pki, versions
-from testbed.kube.config import Layout, NodePorts, Ports
-from testbed.kube.nodespec import NodeSpec, resolve
+from testbed.kube import binaries, gobuild, versions
 
 LAYOUT = Layout(Path("/run/mokka-cluster"))
 PORTS = Ports(2379, 2380, 6443)
@@ -182,7 +183,7 @@ def test_union_mounts_stay_inside_the_namespace(tmp_path: Path) -> None:
     )
     ready = tmp_path / "ns" / "ready"
     ready.parent.mkdir()
-    argv = ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-m", "testbed.kube.namespace"]
+    argv = ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-m", "localcluster.namespace"]
     holder = subprocess.Popen([*argv, str(spec), str(ready)], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20

@@ -47,7 +47,7 @@ def mixed_profile(path: Path) -> Path:
 
 
 def plugin_argv(cluster: Any) -> list[str]:
-    from testbed.kube import gpustack
+    from localcluster import gpustack
 
     argv = gpustack.dra_driver_argv(cluster.node().layout)
     if argv is not None:
@@ -71,7 +71,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A cluster of its own (``--allocator dra``, the mixed profile), torn down leaving nothing."""
     if os.geteuid() != 0:
         pytest.skip("a local cluster needs root")
-    pytest.importorskip("testbed.kube.cluster", reason="the local cluster (testbed.kube) is not here yet")
+    pytest.importorskip("localcluster.cluster", reason="the local cluster (localcluster) is not here yet")
     from cluster_fixtures import start_cluster
 
     prof = mixed_profile(tmp_path_factory.mktemp("profile") / "h100-mixed.yaml")

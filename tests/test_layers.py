@@ -1,5 +1,6 @@
 """Layers import one way: the GPU model at the bottom, the node and the plugins above it, the
-developer testbed beside the command line, the command line on top.
+developer testbed above them, the local cluster (which runs what the testbed fetches and builds)
+above it, the command line on top.
 
 Every ``import`` of the project's packages is read from the source (module level and inside
 functions alike, ``if TYPE_CHECKING:`` blocks excepted): a package may import only packages of a
@@ -26,8 +27,9 @@ LAYERS = {
     "hostsetup": 1,  # stages the mock node, configures containerd
     "nri_mokka": 1,  # the NRI plugin
     "k8snode": 1,  # the node as Kubernetes sees it: identity labels, kubelet plugins
-    "testbed": 2,  # developer tooling: fetchers, private containerd, demo, bench, fidelity
-    "mokka": 3,  # the command line
+    "testbed": 2,  # developer tooling: fetchers, private containerd, demo, bench, fidelity, Go builds
+    "localcluster": 3,  # a real Kubernetes with mock GPU nodes (a user feature: `mokka cluster`)
+    "mokka": 4,  # the command line
 }
 
 

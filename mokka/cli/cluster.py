@@ -41,7 +41,7 @@ def _progress(line: str) -> None:
 
 
 def _node_spec(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> tuple[Any, ...]:
-    from testbed.kube.nodespec import NodeSpec
+    from localcluster.nodespec import NodeSpec
 
     try:
         return tuple(NodeSpec.parse(v) for v in values)
@@ -114,8 +114,8 @@ def up_cmd(
     keep_on_failure: bool,
 ) -> None:
     """Start the cluster; prints `export KUBECONFIG=...` on stdout, one progress line per step on stderr."""
+    from localcluster.cluster import Cluster, ClusterError, Options
     from testbed.kube import binaries
-    from testbed.kube.cluster import Cluster, ClusterError, Options
 
     if nodes and (gpus is not None or profile_name != "h100"):
         fail("--profile and --gpus are for the one node of a cluster without --node: give each --node its own")
@@ -155,7 +155,7 @@ def up_cmd(
 @DIR_OPTION
 def down_cmd(base: Path) -> None:
     """Stop the cluster under --dir and remove it: no process, mount, cgroup or file is left."""
-    from testbed.kube.cluster import Cluster, ClusterError
+    from localcluster.cluster import Cluster, ClusterError
 
     try:
         c = Cluster.load(base)
@@ -171,7 +171,7 @@ def down_cmd(base: Path) -> None:
 @DIR_OPTION
 def relabel_cmd(base: Path) -> None:
     """Run GPU Feature Discovery again on every node and apply its labels (GFD's daemon does it every minute)."""
-    from testbed.kube.cluster import Cluster, ClusterError
+    from localcluster.cluster import Cluster, ClusterError
 
     try:
         for node, labels in Cluster.load(base).relabel().items():
@@ -184,7 +184,7 @@ def relabel_cmd(base: Path) -> None:
 @DIR_OPTION
 def status_cmd(base: Path) -> None:
     """Processes, node readiness and allocatable GPUs; exit 1 unless everything runs."""
-    from testbed.kube.cluster import Cluster, ClusterError
+    from localcluster.cluster import Cluster, ClusterError
 
     try:
         status = Cluster.load(base).status()
@@ -238,8 +238,8 @@ def bench_cluster(profile_name: str, ups: int, pods: int, nodes: tuple[Any, ...]
     With --node: fleets of 1, 2, 3 and 4 nodes (the given nodes, cycled) → all Ready (target: 3 nodes
     <= 45 s), and the memory each node's processes take (target <= 400 MiB).
     """
-    from testbed.kube import bench as cluster_bench
-    from testbed.kube.cluster import ClusterError
+    from localcluster import bench as cluster_bench
+    from localcluster.cluster import ClusterError
 
     load_profile(profile_name, None)
     try:

@@ -53,7 +53,7 @@ def _target(
 
 def _cluster_node_root(node: str, cluster_dir: Path) -> Path:
     """The staged mock node of node ``node`` of the local cluster under ``cluster_dir``."""
-    from testbed.kube.cluster import Cluster, ClusterError
+    from localcluster.cluster import Cluster, ClusterError
 
     try:
         return Cluster.load(cluster_dir).node(node).layout.node_root

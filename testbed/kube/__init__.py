@@ -1,2 +1,3 @@
-"""A real Kubernetes on this machine with mock GPU nodes (one or a fleet), without Docker: binaries, PKI,
-configs, the control plane and the nodes, life cycle."""
+"""The local cluster's Go builds (Kubernetes, NVIDIA's device plugin and GFD, CoreDNS) and the
+versions they are pinned at: what `.ci/setup --tests` builds once into the cache for
+:mod:`localcluster`."""

@@ -26,7 +26,7 @@ KUBERNETES = gobuild.GoBuild(
     name="kubernetes",
     module="k8s.io/kubernetes",
     version=versions.KUBERNETES,
-    # One program for the five commands (gosrc/kube.go): a third of their separate size.
+    # One program for the six commands (gosrc/kube.go): a third of their separate size.
     main=Path(__file__).resolve().parent / "gosrc" / "kube.go",
     links=("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet", "kubectl"),
     ldflags=tuple(_K8S_VERSION_VARS),

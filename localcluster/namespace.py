@@ -3,7 +3,7 @@
 the cluster's directory, kubelet's host sysctls land in plain files, and NVIDIA's tools find the
 mock node's sysfs entries at the real ``/sys`` paths — nothing of it visible outside.
 
-The holder process (``python -m testbed.kube.namespace SPEC``, run under ``unshare --mount
+The holder process (``python -m localcluster.namespace SPEC``, run under ``unshare --mount
 --propagation private``) sets the mounts up and then waits for SIGTERM; every cluster process
 joins its namespace (``nsenter --mount=/proc/<holder>/ns/mnt``). The namespace, and with it
 every mount made in it, ends when the holder and the processes in it are gone.

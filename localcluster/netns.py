@@ -3,7 +3,7 @@ in it, so nothing the cluster does — kube-proxy's netfilter rules, the pods' b
 — touches the host's network. The host reaches the cluster through :mod:`.forward` (the API server
 and the plugins' health ports, on the host's loopback).
 
-The holder (``python -m testbed.kube.netns BRIDGE PREFIX READY GATEWAY NODE_IP...``, run under
+The holder (``python -m localcluster.netns BRIDGE PREFIX READY GATEWAY NODE_IP...``, run under
 ``unshare --net``) brings up loopback and the pods' bridge with its gateway address (the API server
 advertises that address: it is where the ``kubernetes`` Service and the cluster DNS lead) and each
 node's own address (kubelet's node IP), turns

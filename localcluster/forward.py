@@ -2,7 +2,7 @@
 to the same ports on the namespace's loopback (the API server, for kubectl and every client on the
 host; the NRI plugins' health ports). Nothing else of the namespace is reachable from the host.
 
-``python -m testbed.kube.forward NETNS PORT...`` (NETNS: ``/proc/<holder>/ns/net``) listens on
+``python -m localcluster.forward NETNS PORT...`` (NETNS: ``/proc/<holder>/ns/net``) listens on
 127.0.0.1:PORT here; each connection is joined to a socket made inside NETNS (a socket belongs to
 the network namespace it was made in: the process enters NETNS for the ``socket()`` call alone).
 """

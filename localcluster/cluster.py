@@ -34,10 +34,11 @@ from typing import Any
 
 from gpumodel import profile as profiles
 from testbed import containerd_dist, debcache, gotool, kubelet_api, nvidia_smi
+from testbed.kube import binaries, versions
+from testbed.kube.gobuild import BuildError
 
-from . import binaries, cgroups, config, forward, gpustack, images, namespace, netns, process, versions
+from . import cgroups, config, forward, gpustack, images, namespace, netns, process
 from .config import Layout, NodePorts, Ports
-from .gobuild import BuildError
 from .node import Node, new_record
 from .nodespec import NodeSpec, resolve
 from .pki import Pki
