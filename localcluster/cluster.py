@@ -430,10 +430,17 @@ class Cluster:
                 raise ClusterError(f"node {n.name}: {what}: {exc}") from None
 
     def _wait_each(self, what: str, check: Callable[[Node], bool], timeout: float = READY_TIMEOUT) -> None:
-        """Wait until ``check`` holds for every node; a timeout names the nodes still waiting."""
+        """Wait until ``check`` holds for every node; a failure names the node: the one whose process
+        exited, else those still waiting when time ran out."""
         try:
             self.wait(what, lambda: all(check(n) for n in self.nodes), timeout)
         except ClusterError as exc:
+            dead = [p.name for p in self.procs if "@" in p.name and not p.alive()]
+            if dead:
+                named = sorted({d.split("@", 1)[1] for d in dead})
+                raise ClusterError(
+                    f"node {', '.join(named)}: {what}: {', '.join(dead)} exited; logs in {self.layout.logs}"
+                ) from None
             waiting = [n.name for n in self.nodes if not check(n)]
             raise ClusterError(f"node {', '.join(waiting) or '?'}: {exc}") from None
 

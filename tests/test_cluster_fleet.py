@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cluster_fixtures import pod_manifest, run_pod, start_cluster, wait_for
 
-from gpumodel import fleet
+from gpumodel import fleet, profile
 from localcluster import gpustack, nodeimage
-from localcluster.cluster import Cluster
+from localcluster.cluster import Cluster, leftovers
 from localcluster.nodespec import NodeSpec
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -287,3 +288,19 @@ def test_a_fabric_delay_needs_a_rack(tmp_path: Path) -> None:
     assert res.stderr.strip().splitlines() == [
         f"mokka: error: --fabric-delay: no node is in a rack (--node PROFILE@RACK), {tmp_path / 'c'}"
     ]
+
+
+def test_a_node_that_fails_to_come_up_fails_up_naming_it_and_the_step(tmp_path: Path) -> None:
+    """A node whose GPU is lost: NVIDIA's device plugin cannot list its GPUs and exits (as on a real
+    node). `up` fails with one line naming that node and the step, and tears everything down."""
+    lost = tmp_path / "lost.yaml"
+    data = yaml.safe_load(Path(profile.__file__).with_name("profiles").joinpath("h100.yaml").read_text())
+    data.update(name="lost", gpu_count=1, gpus={0: {"lost": True}})
+    lost.write_text(yaml.safe_dump(data))
+    base = tmp_path / "c"
+    res = run_cli("cluster", "up", "--dir", str(base), "--node", "t4:1", "--node", str(lost))
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("mokka: error:")]
+    assert len(errors) == 1 and errors[0].startswith("mokka: error: node lost-1: allocatable GPUs: "), res.stderr
+    assert "nvidia-device-plugin@lost-1 exited" in errors[0]
+    assert leftovers(base) == []
