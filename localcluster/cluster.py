@@ -577,8 +577,9 @@ class Cluster:
         layout.ns.mkdir(parents=True, exist_ok=True)
         ready = layout.ns / "netns-ready"
         prefix = layout.pod_subnet.split("/")[1]
+        ports = sorted({*self.state.ports.values(), *(p for n in self.nodes for p in n.record["ports"].values())})
         argv = ["unshare", "--net", "--", sys.executable, "-m", netns.__name__, layout.bridge, prefix, str(ready)]
-        argv += [layout.gateway, *(n.layout.node_ip for n in self.nodes)]
+        argv += [",".join(map(str, ports)), layout.gateway, *(n.layout.node_ip for n in self.nodes)]
         holder = process.spawn("netns", argv, layout.logs / "netns.log", holder=None)
         self.state.procs.append(asdict(holder))
         self.save()

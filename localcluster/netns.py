@@ -3,10 +3,12 @@ in it, so nothing the cluster does — kube-proxy's netfilter rules, the pods' b
 — touches the host's network. The host reaches the cluster through :mod:`.forward` (the API server
 and the plugins' health ports, on the host's loopback).
 
-The holder (``python -m localcluster.netns BRIDGE PREFIX READY GATEWAY NODE_IP...``, run under
-``unshare --net``) brings up loopback and the pods' bridge with its gateway address (the API server
-advertises that address: it is where the ``kubernetes`` Service and the cluster DNS lead) and each
-node's own address (kubelet's node IP), turns
+The holder (``python -m localcluster.netns BRIDGE PREFIX READY PORTS GATEWAY NODE_IP...``, run
+under ``unshare --net``) brings up loopback and the pods' bridge with its gateway address (the API
+server advertises that address: it is where the ``kubernetes`` Service and the cluster DNS lead)
+and each node's own address (kubelet's node IP), reserves the cluster's chosen ports (PORTS,
+comma-separated: the kernel never hands one of them to a socket bound to port 0, such as
+containerd's stream server, before its component binds it), turns
 on forwarding (this namespace's own sysctl), writes READY and waits for SIGTERM. The namespace,
 its bridge and its rules end when the holder and the processes in it are gone.
 """
@@ -26,7 +28,9 @@ def _ip(*args: str) -> None:
         raise OSError(f"ip {' '.join(args)}: {res.stderr.strip()}")
 
 
-def setup(bridge: str, prefix: str, addresses: list[str]) -> None:
+def setup(bridge: str, prefix: str, addresses: list[str], reserved: str = "") -> None:
+    if reserved:
+        Path("/proc/sys/net/ipv4/ip_local_reserved_ports").write_text(reserved + "\n")
     _ip("link", "set", "lo", "up")
     _ip("link", "add", bridge, "type", "bridge")
     for address in addresses:
@@ -44,11 +48,11 @@ def _stop(_signum: int, _frame: FrameType | None) -> None:
 
 
 def main(argv: list[str]) -> int:
-    bridge, prefix, ready, addresses = argv[0], argv[1], Path(argv[2]), argv[3:]
+    bridge, prefix, ready, reserved, addresses = argv[0], argv[1], Path(argv[2]), argv[3], argv[4:]
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     try:
-        setup(bridge, prefix, addresses)
+        setup(bridge, prefix, addresses, reserved)
     except OSError as exc:
         print(f"netns: {exc}", file=sys.stderr, flush=True)
         return 1
