@@ -26,6 +26,7 @@ COPY hostsetup/ hostsetup/
 COPY nri_mokka/ nri_mokka/
 COPY k8snode/ k8snode/
 COPY testbed/ testbed/
+COPY localcluster/ localcluster/
 COPY mokka/ mokka/
 # `pip install .` compiles native/ (nvml.h from PyPI's nvidia-nvml-dev, a build requirement)
 # and ships the libraries inside the package; kubernetes is the node-identity client.

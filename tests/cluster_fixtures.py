@@ -129,3 +129,31 @@ def run_pod(core: Any, manifest: dict[str, Any], namespace: str = "default", tim
         return PodResult(name, pod.status.phase, logs, pod)
     finally:
         core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+
+def install_chart(cluster: Cluster, namespace: str, values: dict[str, Any], tmp: Path) -> str:
+    """Mokka's node image (built without Docker) imported into every node, and the Helm chart rendered
+    for this cluster's Kubernetes version with ``values`` (the image filled in) and applied
+    server-side with strict validation into ``namespace``; the rendered manifests."""
+    import json
+    import subprocess
+
+    import test_chart
+    import yaml
+
+    from localcluster import nodeimage
+    from testbed import nvidia_smi, prepare, versions
+
+    cluster.import_image(nodeimage.build(tmp / "node-image", nvidia_smi.fetch("550")))
+    repository, tag = nodeimage.NODE_IMAGE.rsplit(":", 1)
+    values = {**values, "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"}}
+    values_file = tmp / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    helm = prepare.go_binary(versions.HELM)  # built by .ci/setup --tests
+    version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
+    argv = [str(helm), "template", "node", str(test_chart.CHART), "-n", namespace, "-f", str(values_file)]
+    argv += ["--kube-version", version.lstrip("v")]
+    rendered = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl("apply", "--server-side", "--validate=strict", "-f", "-", input=rendered)
+    return rendered

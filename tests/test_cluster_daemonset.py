@@ -9,19 +9,14 @@ The cluster here runs no NRI plugin and no device plugin of its own: the chart's
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import test_chart
-import yaml
-from cluster_fixtures import pod_manifest, run_pod, start_cluster, wait_for
+from cluster_fixtures import install_chart, pod_manifest, run_pod, start_cluster, wait_for
 
-from localcluster import nodeimage
 from localcluster.cluster import Cluster
-from testbed import nvidia_smi, prepare, versions
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -43,27 +38,13 @@ def core(cluster: Cluster) -> Any:
 
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, core: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    image = nodeimage.build(tmp_path_factory.mktemp("node-image"), nvidia_smi.fetch("550"))
-    cluster.import_image(image)
-    repository, tag = nodeimage.NODE_IMAGE.rsplit(":", 1)
-    helm = prepare.go_binary(versions.HELM)  # built by .ci/setup --tests
     root = cluster.layout.base / "chart-node"
     values = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "gpu": {"profile": "a100", "count": 2},
         "hostSetup": {"root": str(root), "runNvidia": {"enabled": False}},
-        # The pod network cannot reach the API server here (loopback only, no kube-proxy).
-        "nodeInfo": {"enabled": False},
+        "nodeInfo": {"enabled": False},  # the node labeller in-cluster: test_cluster_fleet_chart
     }
-    values_file = tmp_path_factory.mktemp("values") / "values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
-    version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
-    argv = [str(helm), "template", "node", str(test_chart.CHART), "-n", NAMESPACE, "-f", str(values_file)]
-    rendered = subprocess.run(
-        [*argv, "--kube-version", version.lstrip("v")], capture_output=True, text=True, check=True
-    ).stdout
-    cluster.kubectl("create", "namespace", NAMESPACE)
-    cluster.kubectl("apply", "--server-side", "--validate=strict", "-f", "-", input=rendered)
+    rendered = install_chart(cluster, NAMESPACE, values, tmp_path_factory.mktemp("chart"))
     yield {"rendered": rendered, "root": root}
     cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input=rendered, check=False)
 

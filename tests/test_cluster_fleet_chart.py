@@ -12,21 +12,17 @@ chart's pods are the GPU stack.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import test_chart
 import yaml
-from cluster_fixtures import pod_manifest, run_pod, start_cluster, wait_for
+from cluster_fixtures import install_chart, pod_manifest, run_pod, start_cluster, wait_for
 
-from localcluster import nodeimage
 from localcluster.cluster import Cluster
 from localcluster.nodespec import NodeSpec
-from testbed import nvidia_smi, prepare, versions
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -55,11 +51,7 @@ def release(cluster: Cluster, core: Any, tmp_path_factory: pytest.TempPathFactor
 
     virtual = {"type": "kwok", "mokka.io/virtual": "true", "kubernetes.io/hostname": VIRTUAL}
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=VIRTUAL, labels=virtual)))
-    image = nodeimage.build(tmp_path_factory.mktemp("node-image"), nvidia_smi.fetch("550"))
-    cluster.import_image(image)
-    repository, tag = nodeimage.NODE_IMAGE.rsplit(":", 1)
     values = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "gpu": {"profile": "t4", "count": 1},
         "hostSetup": {"runNvidia": {"enabled": False}},  # the default root, /var/lib/mokka: each node's own
         # In-cluster API access (the `kubernetes` Service through kube-proxy): the node labeller and the
@@ -67,16 +59,7 @@ def release(cluster: Cluster, core: Any, tmp_path_factory: pytest.TempPathFactor
         "nodeInfo": {"enabled": True},
         "faults": {"enabled": True},
     }
-    values_file = tmp_path_factory.mktemp("values") / "values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
-    helm = prepare.go_binary(versions.HELM)
-    version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
-    argv = [str(helm), "template", "node", str(test_chart.CHART), "-n", NAMESPACE, "-f", str(values_file)]
-    rendered = subprocess.run(
-        [*argv, "--kube-version", version.lstrip("v")], capture_output=True, text=True, check=True
-    ).stdout
-    cluster.kubectl("create", "namespace", NAMESPACE)
-    cluster.kubectl("apply", "--server-side", "--validate=strict", "-f", "-", input=rendered)
+    rendered = install_chart(cluster, NAMESPACE, values, tmp_path_factory.mktemp("chart"))
     yield rendered
     cluster.kubectl(
         "delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", "-", input=rendered, check=False
