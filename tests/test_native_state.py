@@ -131,7 +131,9 @@ def test_the_next_writer_repairs_a_stuck_counter(tmp_path: Path, stage: Callable
     f = state.ffi()
     hsize, copy = f.sizeof("mokka_header_t"), (len(good) - f.sizeof("mokka_header_t")) // 2
     assert region[hsize : hsize + copy] == region[hsize + copy :], "both copies hold the repaired state"
-    first = f.cast("mokka_gpu_t *", f.from_buffer(bytearray(region[hsize + f.sizeof("mokka_node_t") :])))
+    # the cast keeps no reference to its source: the buffer must outlive `first`
+    gpus_raw = f.from_buffer(bytearray(region[hsize + f.sizeof("mokka_node_t") :]))
+    first = f.cast("mokka_gpu_t *", gpus_raw)
     assert f.string(first[0].name).decode() == staged.profile.gpu.name and first[0].temp_gpu == 33
 
 
