@@ -66,30 +66,39 @@ def candidates() -> list[str]:
     return [c for c in (shutil.which("go"), "/usr/local/go/bin/go") if c]
 
 
-def debian_toolchain(cache: Path | None = None) -> Path:
-    """Where Debian's golang (``go`` binary) is unpacked in the cache, whether it is there or not."""
-    ver = versions.GO_DEBIAN.upstream
+def _debian(minimum: tuple[int, int]) -> versions.DebianPackage:
+    try:
+        return versions.GO_DEBIAN_BY_MINIMUM[minimum]
+    except KeyError:
+        raise BuildError(f"no Debian golang is pinned for Go {minimum[0]}.{minimum[1]}") from None
+
+
+def debian_toolchain(cache: Path | None = None, minimum: tuple[int, int] = versions.GO_MINIMUM) -> Path:
+    """Where Debian's golang (``go`` binary) of Go ``minimum`` is unpacked in the cache, whether it
+    is there or not."""
+    ver = _debian(minimum).upstream
     return (
         (cache or debcache.default_cache()) / "extract" / f"golang-{ver}" / "usr" / "lib" / f"go-{ver}" / "bin" / "go"
     )
 
 
-def existing(cache: Path | None = None) -> Path | None:
-    """A ``go`` binary of at least :data:`testbed.versions.GO_MINIMUM` already here (no network)."""
+def existing(cache: Path | None = None, minimum: tuple[int, int] = versions.GO_MINIMUM) -> Path | None:
+    """A ``go`` binary of at least ``minimum`` (default :data:`testbed.versions.GO_MINIMUM`)
+    already here (no network)."""
     for candidate in candidates():
-        if os.path.exists(candidate) and (_version(candidate) or (0, 0)) >= versions.GO_MINIMUM:
+        if os.path.exists(candidate) and (_version(candidate) or (0, 0)) >= minimum:
             return Path(candidate)
-    go = debian_toolchain(cache)
+    go = debian_toolchain(cache, minimum)
     return go if go.exists() else None
 
 
-def find(cache: Path | None = None) -> Path:
-    """A ``go`` binary of at least :data:`testbed.versions.GO_MINIMUM`, fetching Debian's when needed."""
-    if found := existing(cache):
+def find(cache: Path | None = None, minimum: tuple[int, int] = versions.GO_MINIMUM) -> Path:
+    """A ``go`` binary of at least ``minimum``, fetching Debian's golang of that version when needed."""
+    if found := existing(cache, minimum):
         return found
-    go = debian_toolchain(cache)
+    go = debian_toolchain(cache, minimum)
     if not go.exists():
-        spec = versions.GO_DEBIAN
+        spec = _debian(minimum)
         root = go.parents[4]
         debs = debcache.fetch(spec.suite, [f"{spec.package}-go", f"{spec.package}-src"], cache)
         tmp = root.with_name(root.name + f".tmp{os.getpid()}")
@@ -102,12 +111,14 @@ def find(cache: Path | None = None) -> Path:
 
 
 def drop_debian_toolchain(cache: Path | None = None) -> bool:
-    """Remove Debian's unpacked golang (its .debs stay: unpacking again needs no network)."""
-    root = debian_toolchain(cache).parents[4]
-    if not root.exists():
-        return False
-    shutil.rmtree(root)
-    return True
+    """Remove every unpacked Debian golang (their .debs stay: unpacking again needs no network)."""
+    dropped = False
+    for minimum in versions.GO_DEBIAN_BY_MINIMUM:
+        root = debian_toolchain(cache, minimum).parents[4]
+        if root.exists():
+            shutil.rmtree(root)
+            dropped = True
+    return dropped
 
 
 def _remove(path: Path) -> None:

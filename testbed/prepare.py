@@ -159,8 +159,8 @@ ITEMS: tuple[Item, ...] = (
         tests=True,
     ),
     Item(
-        "Kubernetes, NVIDIA's device plugin and GFD, CoreDNS (Go), etcd and CNI plugins (Debian)",
-        "`mokka cluster` and the cluster tests (cold: about 14 CPU-minutes of Go builds)",
+        "Kubernetes, NVIDIA's device plugin and GFD, CoreDNS, KWOK (Go), etcd and CNI plugins (Debian)",
+        "`mokka cluster` and the cluster tests (cold: about 18 CPU-minutes of Go builds)",
         lambda cache: kube_binaries.cached(cache) is not None,
         lambda cache: kube_binaries.ensure(cache).kubernetes,
         tests=True,

@@ -20,6 +20,7 @@ __all__ = [
     "CONTAINERD_SUITES",
     "CRI_API",
     "GO_DEBIAN",
+    "GO_DEBIAN_BY_MINIMUM",
     "GO_MINIMUM",
     "GO_NVML_PROBE",
     "HELM",
@@ -108,6 +109,8 @@ TTRPC_API = DebianPackage("trixie", "golang-github-containerd-ttrpc-dev")
 # `go` from PATH (or /usr/local/go) when at least this new, else Debian's golang (GO_DEBIAN).
 GO_MINIMUM = (1, 24)
 GO_DEBIAN = DebianPackage("trixie", "golang-1.24", "1.24")
+# Debian's golang for a build whose module asks for a newer Go (KWOK v0.8's go.mod: go 1.26.0).
+GO_DEBIAN_BY_MINIMUM = {GO_MINIMUM: GO_DEBIAN, (1, 26): DebianPackage("sid", "golang-1.26", "1.26")}
 
 HELM_VERSION = "v3.18.6"  # its client-go is 0.33: Kubernetes 1.33
 HELM = GoBuild(

@@ -1,4 +1,4 @@
-"""The cluster's binaries: Kubernetes and NVIDIA's device plugin + GFD built from the Go module proxy,
+"""The cluster's binaries: Kubernetes, NVIDIA's device plugin + GFD, CoreDNS and KWOK built from the Go module proxy,
 etcd from Debian trixie; each built or fetched once into the cache, versions from :mod:`versions`."""
 
 from __future__ import annotations
@@ -57,7 +57,29 @@ COREDNS = gobuild.GoBuild(
     commands=("github.com/coredns/coredns",),
 )
 
-GO_BUILDS = (KUBERNETES, DEVICE_PLUGIN, COREDNS)
+# KWOK's own "fast" stages (its module ships them): a node Ready at once and its heartbeat with a
+# lease; a pod Running at once, Succeeded when its containers are meant to end, deleted when asked.
+KWOK_STAGES = tuple(
+    f"kustomize/stage/{kind}/{variant}/{name}.yaml"
+    for kind, variant, name in (
+        ("node", "fast", "node-initialize"),
+        ("node", "heartbeat-with-lease", "node-heartbeat-with-lease"),
+        ("pod", "fast", "pod-ready"),
+        ("pod", "fast", "pod-complete"),
+        ("pod", "fast", "pod-delete"),
+    )
+)
+# Thousands of virtual nodes without a kubelet each (``--virtual``).
+KWOK = gobuild.GoBuild(
+    name="kwok",
+    module="sigs.k8s.io/kwok",
+    version=versions.KWOK,
+    commands=("sigs.k8s.io/kwok/cmd/kwok",),
+    go=(1, 26),
+    files=KWOK_STAGES,
+)
+
+GO_BUILDS = (KUBERNETES, DEVICE_PLUGIN, COREDNS, KWOK)
 CNI_DIR = "usr/lib/cni"
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 
@@ -69,11 +91,12 @@ class Binaries:
     kubernetes: Path  # kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet, kubectl
     device_plugin: Path  # nvidia-device-plugin, gpu-feature-discovery, nvidia-cdi-hook, nvidia-ctk
     coredns: Path
+    kwok: Path
     etcd: Path
     cni: Path  # directory of the CNI plugins (bridge, host-local, loopback)
 
     def __getitem__(self, name: str) -> Path:
-        for d in (self.kubernetes, self.device_plugin, self.coredns):
+        for d in (self.kubernetes, self.device_plugin, self.coredns, self.kwok):
             if (d / name).is_file():
                 return d / name
         if name == "etcd":
@@ -103,9 +126,9 @@ def cached(cache: Path | None = None) -> Binaries | None:
     cnis = sorted(d for d in (cache / "extract").glob(f"{versions.CNI_PACKAGE}_*/{CNI_DIR}") if (d / "bridge").exists())
     if None in dirs or not etcds or not cnis:
         return None
-    k8s, dp, dns = dirs
-    assert k8s is not None and dp is not None and dns is not None
-    return Binaries(k8s, dp, dns, etcds[-1], cnis[-1])
+    k8s, dp, dns, kwok = dirs
+    assert k8s is not None and dp is not None and dns is not None and kwok is not None
+    return Binaries(k8s, dp, dns, kwok, etcds[-1], cnis[-1])
 
 
 def ensure(cache: Path | None = None, progress: gobuild.Progress = gobuild.stderr_progress) -> Binaries:
@@ -114,6 +137,7 @@ def ensure(cache: Path | None = None, progress: gobuild.Progress = gobuild.stder
         kubernetes=gobuild.build(KUBERNETES, cache, progress),
         device_plugin=gobuild.build(DEVICE_PLUGIN, cache, progress),
         coredns=gobuild.build(COREDNS, cache, progress),
+        kwok=gobuild.build(KWOK, cache, progress),
         etcd=etcd(cache),
         cni=cni_plugins(cache),
     )

@@ -44,6 +44,9 @@ class GoBuild:
 
     ``staging_version``: the module's local ``=> ./staging/...`` replaces point at the published
     modules of this version instead (Kubernetes). ``cgo``: the commands need cgo (go-nvml's dlopen).
+    ``go``: the Go version the module's go.mod asks for (a toolchain at least that new builds it).
+    ``files``: paths inside the module copied beside the binaries (the configuration a program
+    ships in its module, e.g. KWOK's stages), each under its base name.
     """
 
     name: str
@@ -56,6 +59,8 @@ class GoBuild:
     env: tuple[tuple[str, str], ...] = field(default=())
     main: Path | None = None
     links: tuple[str, ...] = ()
+    go: tuple[int, int] = (1, 24)
+    files: tuple[str, ...] = ()
 
     @property
     def binaries(self) -> tuple[str, ...]:
@@ -65,7 +70,18 @@ class GoBuild:
 
     def key(self) -> str:
         source = self.main.read_text() if self.main is not None else ""
-        desc = json.dumps([self.commands, self.ldflags, self.staging_version, self.cgo, self.env, source, self.links])
+        asked: list[object] = [
+            self.commands,
+            self.ldflags,
+            self.staging_version,
+            self.cgo,
+            self.env,
+            source,
+            self.links,
+        ]
+        if self.go != (1, 24) or self.files:
+            asked += [self.go, self.files]
+        desc = json.dumps(asked)
         return f"{self.name}-{self.version}-{hashlib.sha256(desc.encode()).hexdigest()[:10]}"
 
 
@@ -76,7 +92,8 @@ def bin_root(cache: Path | None = None) -> Path:
 def cached(spec: GoBuild, cache: Path | None = None) -> Path | None:
     """The directory with ``spec``'s binaries when they are built already."""
     out = bin_root(cache) / spec.key()
-    return out if all((out / b).is_file() for b in spec.binaries) else None
+    wanted = [*spec.binaries, *(Path(f).name for f in spec.files)]
+    return out if all((out / b).is_file() for b in wanted) else None
 
 
 def build(spec: GoBuild, cache: Path | None = None, progress: Progress = stderr_progress) -> Path:
@@ -122,12 +139,13 @@ def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
     _remove_work(work)
     (work / "src").mkdir(parents=True)
     env = _go_env(spec, work)
-    go = str(gotool.find(cache))
+    go = str(gotool.find(cache, spec.go))
     t0 = time.monotonic()
     try:
         src = work / "src"
+        go_version = ".".join(map(str, spec.go))
         (src / "go.mod").write_text(
-            f"module mokka.local/build/{spec.name}\n\ngo 1.24\n\nrequire {spec.module} {spec.version}\n"
+            f"module mokka.local/build/{spec.name}\n\ngo {go_version}\n\nrequire {spec.module} {spec.version}\n"
         )
         if spec.staging_version:
             step = _step(progress, spec, f"downloading {spec.module}@{spec.version}")
@@ -155,6 +173,10 @@ def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
         _go(go, ["build", "-trimpath", "-ldflags", ldflags, "-o", dest, *targets], src, env)
         for link in spec.links:
             (tmp_out / link).symlink_to(spec.name)
+        if spec.files:
+            module_dir = Path(json.loads(_go(go, ["list", "-m", "-json", spec.module], src, env))["Dir"])
+            for name in spec.files:
+                shutil.copyfile(module_dir / name, tmp_out / Path(name).name)
         step()
         sizes = {b: (tmp_out / b).stat().st_size for b in spec.binaries if not (tmp_out / b).is_symlink()}
         (tmp_out / "build.json").write_text(

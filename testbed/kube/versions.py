@@ -16,3 +16,5 @@ COREDNS = "v1.12.4"
 # bridge, host-local, loopback for the pod network
 CNI_SUITE = "bookworm"
 CNI_PACKAGE = "containernetworking-plugins"
+# Virtual nodes (Node objects kept alive against the API server); its go.mod asks for Go 1.26.
+KWOK = "v0.8.0"
