@@ -23,7 +23,15 @@ from typing import Any
 
 from .profile import Profile, ProfileError
 
-__all__ = ["NVL_DOMAIN_GPUS", "as_node", "default_rack", "in_rack", "rack_cluster_uuid", "with_fabric_delay"]
+__all__ = [
+    "NVL_DOMAIN_GPUS",
+    "as_node",
+    "default_rack",
+    "gpu_identity",
+    "in_rack",
+    "rack_cluster_uuid",
+    "with_fabric_delay",
+]
 
 NVL_DOMAIN_GPUS = 72  # GPUs in one NVL72 domain
 _RACKS = uuid.UUID("6d6f6b6b-612d-7261-636b-000000000000")  # the namespace of rack cluster UUIDs
@@ -37,13 +45,18 @@ def _with_gpu_fields(profile: Profile, fields: dict[int, dict[str, Any]]) -> Pro
     return Profile.model_validate(data)
 
 
+def gpu_identity(profile: str, node: str, index: int) -> tuple[str, str]:
+    """The UUID and serial number of GPU ``index`` of a node ``node`` of profile ``profile``."""
+    key = uuid.uuid5(uuid.NAMESPACE_URL, f"mokka:{profile}:{node}:{index}")
+    return "GPU-" + str(key), str(1650000000000 + key.int % 10**12)
+
+
 def as_node(profile: Profile, node: str) -> Profile:
     """``profile`` on node ``node`` of a fleet: its GPUs' UUIDs and serials are this node's own."""
     fields = {}
     for device in profile.devices():
-        key = f"mokka:{profile.name}:{node}:{device.index}"
-        serial = 1650000000000 + uuid.uuid5(uuid.NAMESPACE_URL, key).int % 10**12
-        fields[device.index] = {"uuid": "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, key)), "serial": str(serial)}
+        gpu_uuid, serial = gpu_identity(profile.name, node, device.index)
+        fields[device.index] = {"uuid": gpu_uuid, "serial": serial}
     return _with_gpu_fields(profile, fields)
 
 

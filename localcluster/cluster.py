@@ -37,11 +37,13 @@ from testbed import containerd_dist, debcache, gotool, kubelet_api, nvidia_smi
 from testbed.kube import binaries, versions
 from testbed.kube.gobuild import BuildError
 
-from . import cgroups, config, forward, gpustack, images, namespace, netns, process
+from . import cgroups, config, fgo, forward, gpustack, images, namespace, netns, process, virtualpools
 from .config import Layout, NodePorts, Ports
+from .fgo import FgoSpec
 from .node import Node, new_record
 from .nodespec import NodeSpec, resolve
 from .pki import Pki
+from .virtual import Pool, VirtualSpec, check_total
 
 Progress = Callable[[str], None]
 DEFAULT_BASE = Path("/run/mokka-cluster")
@@ -65,6 +67,8 @@ class Options:
     mig_strategy: str = "none"  # the device plugin's and GFD's --mig-strategy: none | single | mixed
     nodes: tuple[NodeSpec, ...] = ()  # a fleet (each node <profile>-<i>); () = one node "localhost" of profile/gpus
     fabric_delay: float = 0  # seconds until the racks' fabric manager is ready (In Progress until then)
+    virtual: tuple[VirtualSpec, ...] = ()  # pools of KWOK nodes carrying a real node's surface (:mod:`.virtual`)
+    fgo: tuple[FgoSpec, ...] = ()  # pools of KWOK nodes run:ai's fake-gpu-operator serves (:mod:`.fgo`)
 
     def specs(self) -> tuple[NodeSpec, ...]:
         return self.nodes or (NodeSpec(self.profile, self.gpus),)
@@ -84,6 +88,8 @@ class State:
     timings: dict[str, float] = field(default_factory=dict)
     nri_external: bool = False
     host_sysctls: dict[str, str] = field(default_factory=dict)  # the host's values when the cluster came up
+    virtual: list[dict[str, Any]] = field(default_factory=list)  # virtual.Pool.to_json()s
+    fgo: list[str] = field(default_factory=list)  # the FgoSpecs, as given
 
 
 def _quiet(_: str) -> None:
@@ -145,6 +151,31 @@ class Cluster:
             if n.name == name:
                 return n
         raise ClusterError(f"no node {name!r} in this cluster (its nodes: {', '.join(n.name for n in nodes)})")
+
+    @property
+    def pools(self) -> list[Pool]:
+        """The virtual pools (:mod:`.virtual`), as made at ``up`` (faults applied since)."""
+        return [Pool(**p) for p in self.state.virtual]
+
+    @property
+    def fgo_pools(self) -> list[FgoSpec]:
+        return [FgoSpec.parse(text) for text in self.state.fgo]
+
+    def virtual_fault(self, node: str, gpus: Sequence[int], reason: str | None) -> list[str]:
+        """GPUs of virtual node ``node`` unhealthy for ``reason`` (None: healthy again); a note per GPU."""
+        pools = self.pools
+        pool = virtualpools.find(pools, node)
+        if pool is None:
+            raise ClusterError(f"no virtual node {node!r} in this cluster")
+        if bad := [i for i in gpus if not 0 <= i < pool.gpus]:
+            raise ClusterError(f"node {node} has GPUs 0-{pool.gpus - 1}, not {bad[0]}")
+        try:
+            notes = virtualpools.apply_fault(self, pool, node, gpus, reason)
+        except Exception as exc:  # the kubernetes client's errors: one line
+            raise ClusterError(f"node {node}: {getattr(exc, 'reason', None) or exc}") from None
+        self.state.virtual = [pool.to_json() if p.name == pool.name else p.to_json() for p in pools]
+        self.save()
+        return notes
 
     @property
     def node_name(self) -> str:
@@ -312,6 +343,8 @@ class Cluster:
             "allocatable_gpus": sum(n["allocatable_gpus"] for n in nodes),
             "dra_devices": sum(n["dra_devices"] for n in nodes),
             "allocator": self.state.options.get("allocator"),
+            "virtual": virtualpools.pool_status(self, self.pools) if self.state.virtual else [],
+            "fgo": fgo.pool_status(self, self.fgo_pools) if self.state.fgo else [],
         }
 
     def _ssl(self) -> ssl.SSLContext:
@@ -386,6 +419,12 @@ class Cluster:
             resolved = resolve(options.specs(), fleet_names=bool(options.nodes), fabric_delay=options.fabric_delay)
         except ValueError as exc:
             raise ClusterError(str(exc) if options.nodes else f"profile {options.profile}: {exc}") from None
+        try:
+            check_total(options.virtual, sum(f.count for f in options.fgo))
+            if options.fgo:
+                fgo.find_binaries(options.cache or debcache.default_cache())
+        except (ValueError, fgo.FgoError) as exc:
+            raise ClusterError(str(exc)) from None
         if options.fabric_delay and not any(r.rack for r in resolved):
             raise ClusterError("--fabric-delay: no node is in a rack (--node PROFILE@RACK)")
         longest = max(len(str(layout.node(r.name, i).containerd_socket)) for i, r in enumerate(resolved))
@@ -550,8 +589,55 @@ class Cluster:
         with self._step(progress, "GPU Feature Discovery (one-shot): node labels"):
             mig_strategy = options.mig_strategy
             self._each("GFD", lambda n: n.label(n.run_gfd(bins["gpu-feature-discovery"], mig_strategy)))
+        if options.virtual or options.fgo:
+            self._up_virtual(options, bins, smi, progress)
         self.state.timings["up"] = round(time.monotonic() - t_start, 2)
         self.save()
+
+    def _up_virtual(self, options: Options, bins: binaries.Binaries, smi: Path, progress: Progress) -> None:
+        """The virtual pools: each computed from its staged profile, then KWOK and the nodes."""
+        specs = options.virtual
+        pools: list[Pool] = []
+        if specs:
+            with self._step(progress, f"virtual pools computed ({', '.join(map(str, specs))}): GFD's labels, GPUs"):
+                gfd = bins["gpu-feature-discovery"]
+                pools = [virtualpools.build(self, s, gfd, smi, options.mig_strategy) for s in specs]
+                self.state.virtual = [p.to_json() for p in pools]
+                self.save()
+        total = sum(p.count for p in pools)
+        with self._step(progress, f"KWOK {versions.KWOK}: {total} virtual node(s) Ready with their GPUs"):
+            argv = config.kwok_argv(bins.kwok, self.layout, binaries.KWOK_STAGES)
+            self.spawn_in(self.holder, "kwok", argv, self.layout.logs / "kwok.log")
+            t0 = time.monotonic()
+            try:
+                virtualpools.create(self, pools, dra=options.allocator == "dra")
+            except Exception as exc:  # the kubernetes client's errors: one line
+                raise ClusterError(f"virtual nodes: {getattr(exc, 'reason', None) or exc}") from None
+            self.state.timings["virtual nodes created"] = round(time.monotonic() - t0, 2)
+            self.wait(f"{total} virtual nodes Ready", _throttled(lambda: virtualpools.ready(self, pools)),
+                      timeout=max(READY_TIMEOUT, total * 0.1))  # fmt: skip
+        if options.fgo:
+            fgo_total = sum(f.count for f in options.fgo)
+            with self._step(
+                progress, f"fake-gpu-operator: {fgo_total} node(s) in pool(s) {', '.join(map(str, options.fgo))}"
+            ):
+                bindir = fgo.find_binaries(options.cache or debcache.default_cache())
+                self.state.fgo = [str(f) for f in options.fgo]
+                self.save()
+                try:
+                    fgo.up(self, list(options.fgo), bindir, options.mig_strategy)
+                except Exception as exc:  # the kubernetes client's errors: one line
+                    raise ClusterError(f"fake-gpu-operator: {getattr(exc, 'reason', None) or exc}") from None
+
+                def fgo_ready() -> bool:
+                    status = fgo.pool_status(self, list(options.fgo))
+                    return all(p["ready"] == p["wanted"] and p["products"] for p in status) and all(
+                        p["allocatable_gpus"] == profiles.load(f.profile).gpu_count * f.count
+                        for p, f in zip(status, options.fgo, strict=True)
+                    )
+
+                self.wait(f"{fgo_total} FGO nodes Ready with GPUs", _throttled(fgo_ready),
+                          timeout=max(READY_TIMEOUT, fgo_total * 0.1))  # fmt: skip
 
     def relabel(self) -> dict[str, dict[str, str]]:
         """GFD one-shot again on every node, its labels applied (what GFD's daemon does every
@@ -639,7 +725,30 @@ class Cluster:
         return problems
 
 
-CONTROL_PLANE = ("coredns", "kube-proxy", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+def _throttled(check: Callable[[], bool], every: float = 1.0) -> Callable[[], bool]:
+    """``check`` at most once every ``every`` seconds (a list of every virtual node is not cheap)."""
+    last = [0.0]
+
+    def run() -> bool:
+        if time.monotonic() - last[0] < every:
+            return False
+        last[0] = time.monotonic()
+        return check()
+
+    return run
+
+
+FGO_PROCESSES = tuple(f"fgo-{name}" for name in fgo.BINARIES)
+CONTROL_PLANE = (
+    *FGO_PROCESSES,
+    "kwok",
+    "coredns",
+    "kube-proxy",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kube-apiserver",
+    "etcd",
+)
 _SBIN = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}  # kube-proxy runs iptables
 
 

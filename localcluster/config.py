@@ -7,6 +7,7 @@ import hashlib
 import ipaddress
 import json
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -309,8 +310,31 @@ def controller_manager_argv(binary: Path, layout: Layout) -> list[str]:
         f"--cluster-signing-cert-file={pki.ca}",
         f"--cluster-signing-key-file={pki.path('ca.key')}",
         "--allocate-node-cidrs=false",
+        *API_QPS,
         "--profiling=false",
         "--v=1",
+    ]
+
+
+# Client rate limits of the controllers and the scheduler: the defaults (20 and 50 requests a
+# second) would make a 1000-replica Deployment over virtual nodes take a minute.
+API_QPS = ("--kube-api-qps=500", "--kube-api-burst=1000")
+# Where KWOK's pods get addresses (no network behind them): apart from every pod subnet here.
+KWOK_POD_CIDR = "100.64.0.0/12"
+KWOK_LEASE_SECONDS = 40  # the kubelet's node lease duration
+
+
+def kwok_argv(bindir: Path, layout: Layout, stages: Sequence[str]) -> list[str]:
+    """KWOK for the nodes annotated ``kwok.x-k8s.io/node=fake`` only (never a kubelet's), with its
+    module's own stages (in ``bindir`` beside the binary)."""
+    return [
+        str(bindir / "kwok"),
+        f"--kubeconfig={layout.admin_kubeconfig}",
+        "--manage-all-nodes=false",
+        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+        f"--node-lease-duration-seconds={KWOK_LEASE_SECONDS}",
+        f"--cidr={KWOK_POD_CIDR}",
+        *(f"--config={bindir / Path(stage).name}" for stage in stages),
     ]
 
 
@@ -324,6 +348,7 @@ def scheduler_argv(binary: Path, layout: Layout) -> list[str]:
         "--bind-address=127.0.0.1",
         "--secure-port=0",
         "--leader-elect=false",
+        *API_QPS,
         "--profiling=false",
         "--v=1",
     ]

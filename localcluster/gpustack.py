@@ -121,13 +121,25 @@ def expected_allocatable(profile: Profile, mig_strategy: str) -> dict[str, int]:
     whole GPUs as nvidia.com/gpu; with ``mixed`` each MIG profile as nvidia.com/mig-<name>
     (go-nvlib's name from the memory, ``+`` as ``.``), with ``single`` MIG devices as
     nvidia.com/gpu."""
+    out: dict[str, int] = {}
+    for resources in allocatable_by_gpu(profile, mig_strategy):
+        for name, count in resources.items():
+            out[name] = out.get(name, 0) + count
+    return out
+
+
+def allocatable_by_gpu(profile: Profile, mig_strategy: str) -> list[dict[str, int]]:
+    """:func:`expected_allocatable` GPU by GPU (index order): what each GPU adds, and what an
+    unhealthy GPU takes away."""
     from gpumodel import mig, mig_state
 
-    out: dict[str, int] = {}
+    out: list[dict[str, int]] = []
     for device in profile.devices():
+        mine: dict[str, int] = {}
+        out.append(mine)
         gis = mig_state.initial_layout(device.spec) if device.spec.modes.mig else []
         if not device.spec.modes.mig or mig_strategy == "none":
-            out["nvidia.com/gpu"] = out.get("nvidia.com/gpu", 0) + 1
+            mine["nvidia.com/gpu"] = 1
             continue
         for gi in gis:
             for ci in gi.compute:
@@ -140,7 +152,7 @@ def expected_allocatable(profile: Profile, mig_strategy: str) -> dict[str, int]:
                         gi.profile.slices, ci.profile.slices, gi.profile.memory_mib, memory, suffix
                     )
                     name = "nvidia.com/mig-" + profile_name.replace("+", ".")
-                out[name] = out.get(name, 0) + 1
+                mine[name] = mine.get(name, 0) + 1
     return out
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "quantity",
     "resource_slice",
     "semver",
+    "slice_of",
 ]
 
 API_VERSION = "resource.k8s.io/v1"
@@ -102,6 +103,14 @@ def resource_slice(
     With ``owner_uid`` (the Node's UID) the slice is owned by the Node, so deleting the Node
     deletes it; the name is left to the server (``generateName``), as the kubelet plugin helper does.
     """
+    devices = [device(g, info) for g in info.gpus]
+    return slice_of(devices, node, driver=driver, generation=generation, owner_uid=owner_uid)
+
+
+def slice_of(
+    devices: list[Json], node: str, *, driver: str = DEFAULT_DRIVER, generation: int = 1, owner_uid: str | None = None
+) -> Json:
+    """The ResourceSlice of ``node``'s pool holding ``devices`` (:func:`device` dicts)."""
     meta: Json = {"generateName": f"{node}-{driver}-"}
     if owner_uid:
         meta["ownerReferences"] = [
@@ -115,7 +124,7 @@ def resource_slice(
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": [device(g, info) for g in info.gpus],
+            "devices": devices,
         },
     }
 

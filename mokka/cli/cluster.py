@@ -49,6 +49,58 @@ def _node_spec(_ctx: click.Context, _param: click.Parameter, values: tuple[str, 
         raise click.BadParameter(str(exc)) from None
 
 
+def _virtual_spec(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> tuple[Any, ...]:
+    from localcluster.virtual import VirtualSpec
+
+    try:
+        specs = tuple(VirtualSpec.parse(v) for v in values)
+        for spec in specs:
+            load_profile(spec.profile, spec.gpus)  # a bad profile is refused before anything starts
+        return specs
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def virtual_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--virtual PROFILE[:GPUS]=COUNT, repeatable: parsed into VirtualSpecs."""
+    return click.option(
+        "--virtual",
+        "virtual",
+        multiple=True,
+        callback=_virtual_spec,
+        metavar="PROFILE[:GPUS]=COUNT",
+        help="COUNT virtual nodes of a profile (repeatable, e.g. --virtual h100=1000 --virtual t4:4=200): Node "
+        "objects KWOK keeps Ready, no kubelet each, carrying GFD's labels of that profile and its GPUs "
+        "(allocatable nvidia.com/gpu, or a ResourceSlice with --allocator dra); named virtual-POOL-i, labelled "
+        "type=kwok and mokka.io/virtual=true. Pods bound to them go Running; `mokka fault ... --node NAME` "
+        "makes their GPUs unhealthy.",
+    )(fn)
+
+
+def _fgo_spec(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> tuple[Any, ...]:
+    from localcluster.fgo import FgoSpec
+
+    try:
+        return tuple(FgoSpec.parse(v) for v in values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def fgo_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--fgo POOL=PROFILE:COUNT, repeatable."""
+    return click.option(
+        "--fgo",
+        "fgo_pools",
+        multiple=True,
+        callback=_fgo_spec,
+        metavar="POOL=PROFILE:COUNT",
+        help="COUNT KWOK nodes of pool POOL served by run:ai's fake-gpu-operator from the built-in PROFILE "
+        "(repeatable): the chart's profile ConfigMaps and FGO's topology are installed in namespace gpu-operator "
+        "and FGO's status-updater, kwok-gpu-device-plugin and status-exporter-kwok run against the cluster. "
+        "FGO's binaries come from the directory MOKKA_FGO_DIR names.",
+    )(fn)
+
+
 def node_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """--node PROFILE[:GPUS][@RACK], repeatable: parsed into NodeSpecs (a bad one is a usage error)."""
     return click.option(
@@ -101,11 +153,15 @@ def node_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., 
     help="The racks' fabric manager is ready SECONDS after up: until then their GPUs' fabric probe reads In "
     "Progress (GFD's labels at up then carry no clique: `mokka cluster relabel` runs GFD again).",
 )
+@virtual_option
+@fgo_option
 @click.option("--keep-on-failure", is_flag=True, help="Leave a cluster that failed to come up running, for its logs.")
 def up_cmd(
     profile_name: str,
     gpus: int | None,
     nodes: tuple[Any, ...],
+    virtual: tuple[Any, ...],
+    fgo_pools: tuple[Any, ...],
     base: Path,
     allocator: str,
     device_list_strategy: str,
@@ -130,6 +186,8 @@ def up_cmd(
         device_list_strategy=device_list_strategy,
         mig_strategy=mig_strategy,
         fabric_delay=fabric_delay,
+        virtual=virtual,
+        fgo=fgo_pools,
         keep_on_failure=keep_on_failure,
     )
     t0 = time.monotonic()
@@ -143,9 +201,12 @@ def up_cmd(
         return
     kubectl = binaries.cached()
     names = ", ".join(n.name for n in c.nodes)
+    extra = sum(p.count for p in c.pools)
     click.echo(
         f"cluster up in {time.monotonic() - t0:.1f}s: {'node' if len(c.nodes) == 1 else 'nodes'} {names} Ready, "
-        f"{c.allocatable_gpus()} nvidia.com/gpu allocatable; kubectl: {kubectl['kubectl'] if kubectl else '?'}",
+        f"{c.allocatable_gpus()} nvidia.com/gpu allocatable"
+        + (f"; {extra} virtual node(s) Ready" if extra else "")
+        + f"; kubectl: {kubectl['kubectl'] if kubectl else '?'}",
         err=True,
     )
     click.echo(f"export KUBECONFIG={c.kubeconfig}")
@@ -199,7 +260,7 @@ def status_cmd(base: Path) -> None:
     gpus, dra = status["allocatable_gpus"], status["dra_devices"]
     click.echo(f"gpus        {gpus} nvidia.com/gpu allocatable, {dra} in ResourceSlices")
     for name, state in status["processes"].items():
-        click.echo(f"  {name:<26}{state}")
+        click.echo(f"  {name:<30}{state}")
     click.echo(f"{'node':<20}{'profile':<18}{'rack':<16}{'gpus':>5}{'allocatable':>13}{'slices':>8}  ready")
     for n in status["nodes"]:
         click.echo(
@@ -207,8 +268,23 @@ def status_cmd(base: Path) -> None:
             f"{n['dra_devices']:>8}  {'Ready' if n['ready'] else 'not ready'}"
         )
         for name, state in n["processes"].items():
-            click.echo(f"  {name:<26}{state}")
+            click.echo(f"  {name:<30}{state}")
+    if status["virtual"]:
+        click.echo(f"{'virtual pool':<20}{'profile':<18}{'nodes':>7}{'ready':>7}{'gpus':>8}{'allocatable':>13}")
+        for p in status["virtual"]:
+            click.echo(
+                f"{p['pool']:<20}{p['spec'].rpartition('=')[0]:<18}{p['nodes']:>7}{p['ready']:>7}{p['gpus']:>8}"
+                f"{p['allocatable_gpus']:>13}"
+            )
+    if status["fgo"]:
+        click.echo(f"{'FGO pool':<20}{'profile':<18}{'nodes':>7}{'ready':>7}{'allocatable':>13}  product")
+        for p in status["fgo"]:
+            click.echo(
+                f"{p['pool']:<20}{p['spec'].partition('=')[2].rpartition(':')[0]:<18}{p['nodes']:>7}{p['ready']:>7}"
+                f"{p['allocatable_gpus']:>13}  {', '.join(p['products']) or '-'}"
+            )
     healthy = status["node_ready"] and all(s == "running" for s in status["processes"].values())
+    healthy = healthy and all(p["ready"] == p["wanted"] for p in status["virtual"] + status["fgo"])
     healthy = healthy and all(s == "running" for n in status["nodes"] for s in n["processes"].values())
     sys.exit(0 if healthy else 1)
 
@@ -226,23 +302,43 @@ def status_cmd(base: Path) -> None:
 )
 @click.option(
     "--pods",
-    type=click.IntRange(1, 200),
-    default=5,
-    show_default=True,
-    help="Pods per side (2 GPUs / none), interleaved.",
+    type=click.IntRange(1, 10000),
+    default=None,
+    help="Pods per side (2 GPUs / none), interleaved (default 5); with --virtual: one-GPU pods scheduled "
+    "(default 1000).",
 )
 @node_option("Bench fleets of these nodes instead (cycled to 1, 2, 3 and 4 nodes; --ups runs each).")
-def bench_cluster(profile_name: str, ups: int, pods: int, nodes: tuple[Any, ...]) -> None:
+@click.option(
+    "--virtual",
+    "virtual_count",
+    type=click.IntRange(1, 10000),
+    default=None,
+    metavar="N",
+    help="Bench N virtual nodes of --profile instead (and FGO serving N, where MOKKA_FGO_DIR has its binaries): "
+    "up -> N Ready (target: 1000 <= 60 s), RSS, and --pods one-GPU pods scheduled (default 1000).",
+)
+def bench_cluster(
+    profile_name: str, ups: int, pods: int | None, nodes: tuple[Any, ...], virtual_count: int | None
+) -> None:
     """Warm `cluster up` → node Ready (target <= 30 s); pod with 2 GPUs vs none: create → Running (ratio <= 1.2).
 
     With --node: fleets of 1, 2, 3 and 4 nodes (the given nodes, cycled) → all Ready (target: 3 nodes
     <= 45 s), and the memory each node's processes take (target <= 400 MiB).
+
+    With --virtual N: N virtual nodes (and fake-gpu-operator serving N, side by side) → Ready (target:
+    1000 <= 60 s), the API server's and kwok's RSS, and the scheduling of --pods one-GPU pods.
     """
     from localcluster import bench as cluster_bench
     from localcluster.cluster import ClusterError
 
     load_profile(profile_name, None)
     try:
+        if virtual_count:
+            from localcluster import bench_virtual
+
+            bench_virtual.run(profile_name, virtual_count, pods or 1000)
+            return
+        pods = pods or 5
         if nodes:
             cluster_bench.run_fleet(nodes, ups)
             return

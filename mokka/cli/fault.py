@@ -62,6 +62,55 @@ def _cluster_node_root(node: str, cluster_dir: Path) -> Path:
     raise AssertionError("unreachable")
 
 
+def _virtual_cluster(node: str, cluster_dir: Path) -> Any:
+    """The local cluster under ``cluster_dir`` when ``node`` is one of its virtual nodes, else None."""
+    from localcluster.cluster import Cluster, ClusterError
+    from localcluster.virtualpools import find
+
+    try:
+        c = Cluster.load(cluster_dir)
+    except ClusterError:
+        return None  # the real node's path says what is wrong
+    return c if find(c.pools, node) is not None else None
+
+
+def _virtual_fault(c: Any, node: str, gpu: str | None, kind: str, fields: dict[str, Any]) -> None:
+    """Fault ``kind`` on virtual node ``node``: its GPUs healthy or not, as the device plugin reports them."""
+    from gpumodel import fleet
+    from localcluster.cluster import ClusterError
+    from localcluster.virtual import fault_effect
+    from localcluster.virtualpools import find
+
+    pool = find(c.pools, node)
+    assert pool is not None
+    uuids = {fleet.gpu_identity(pool.profile, node, i)[0].lower(): i for i in range(pool.gpus)}
+    indices: list[int] = []
+    for token in gpu.split(",") if gpu else [str(i) for i in range(pool.gpus)]:
+        token = token.strip()
+        if token.isdigit():
+            indices.append(int(token))
+        elif token.lower() in uuids:
+            indices.append(uuids[token.lower()])
+        else:
+            fail(f"no GPU {token!r} on virtual node {node} (GPUs 0-{pool.gpus - 1} or their UUIDs), --gpu")
+    try:
+        effect, why = fault_effect(kind, fields)
+    except ValueError as exc:
+        fail(f"{exc}, --node {node}")
+        return
+    if effect == "unchanged":
+        for i in indices:
+            click.echo(f"GPU {i}: {why}")
+        return
+    try:
+        notes = c.virtual_fault(node, indices, why if effect == "unhealthy" else None)
+    except ClusterError as exc:
+        fail(f"{exc}, --node {node} --cluster-dir {c.layout.base}")
+        return
+    for line in notes:
+        click.echo(line)
+
+
 def where_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--root / --driver-root / --state / --node: which node's state to change."""
     fn = click.option(
@@ -124,6 +173,9 @@ def inject(kind: str) -> Callable[[Callable[..., dict[str, Any]]], Callable[...,
                 field = next((str(p) for p in reversed(err["loc"]) if isinstance(p, str) and p != kind), "")
                 where = OPTION_NAMES.get(field, f"--{field}") if field else kind
                 fail(f"{kind}: {err['msg'].removeprefix('Value error, ')}, {where}")
+            if node is not None and (virtual_cluster := _virtual_cluster(node, cluster_dir)) is not None:
+                _virtual_fault(virtual_cluster, node, gpu, kind, fault.model_dump())
+                return
             target = _target(root, driver_root, state_file, node, cluster_dir)
             try:
                 chosen = faults.select(faults.gpus(target), gpu)
@@ -318,6 +370,16 @@ def list_(
     """What is in effect on each GPU, and its recent events."""
     from gpumodel import faults
 
+    if node is not None and (virtual_cluster := _virtual_cluster(node, cluster_dir)) is not None:
+        from localcluster.virtualpools import find
+
+        pool = find(virtual_cluster.pools, node)
+        bad = pool.faults.get(node, {}) if pool else {}
+        click.echo(
+            "\n".join(f"GPU {i}:\n  unhealthy: {why}" for i, why in sorted(bad.items(), key=lambda kv: int(kv[0])))
+            or "no faults in effect"
+        )
+        return
     target = _target(root, driver_root, state_file, node, cluster_dir)
     try:
         active = faults.active(target)

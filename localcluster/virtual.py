@@ -1,0 +1,221 @@
+"""Virtual GPU nodes: Node objects that KWOK keeps alive against the cluster's API server, each
+carrying what a real Mokka node of its profile shows the API — without a kubelet or a process of
+its own.
+
+``mokka cluster up --virtual PROFILE[:GPUS]=COUNT`` makes a *pool* of COUNT such nodes,
+``virtual-<pool>-<i>``. What each carries is computed once per pool by the code that models a
+real node: the pool's profile is staged as a mock node (:func:`.gpustack.stage_node`), NVIDIA's
+GFD labels it (one-shot, with the cluster's ``--mig-strategy``), the device plugin's resources
+come from :func:`.gpustack.allocatable_by_gpu`, and the DRA devices from NVML as the project's
+DRA plugin reads them (:func:`k8snode.dra.gpus.read`). Every node of the pool then gets
+
+- GFD's labels (``nvidia.com/gpu.clique`` with its own rack's cluster UUID where the board is
+  built into racks), ``type=kwok``, ``mokka.io/virtual=true`` and ``mokka.io/virtual-pool``: the
+  chart's DaemonSet (a kubelet's) keeps off them; KWOK manages nodes annotated
+  ``kwok.x-k8s.io/node=fake`` only, so it never touches a real kubelet's node;
+- ``nvidia.com/gpu`` (and MIG resources) as capacity and allocatable with ``--allocator
+  device-plugin``, or a ResourceSlice of driver ``gpu.nvidia.com`` with the DRA plugin's devices
+  (its own GPU UUIDs) with ``--allocator dra``;
+- faults as the device plugin reports them (:func:`apply_faults`): an unhealthy GPU leaves
+  allocatable (capacity stays) or the ResourceSlice.
+
+KWOK's stages make the nodes Ready (with leases) and every pod bound to them Running; the
+scheduler accounts their GPUs as on a real node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpumodel import fleet
+from gpumodel import profile as profiles
+
+__all__ = [
+    "APPLICATION_XIDS",
+    "KWOK_ANNOTATION",
+    "POOL_LABEL",
+    "VIRTUAL_LABEL",
+    "Pool",
+    "VirtualSpec",
+    "fault_effect",
+    "node_body",
+]
+
+KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+VIRTUAL_LABEL = "mokka.io/virtual"
+POOL_LABEL = "mokka.io/virtual-pool"
+MAX_VIRTUAL = 10000  # nodes over every pool of one cluster
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+# What a virtual node has besides its GPUs (KWOK's own default node size; the kubelet's pod limit).
+NODE_RESOURCES = {"cpu": "1k", "memory": "1Ti", "pods": "110"}
+# Xids NVIDIA's device plugin leaves healthy (application errors: its default skip list).
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class VirtualSpec:
+    """``PROFILE[:GPUS]=COUNT``: COUNT virtual nodes of a profile."""
+
+    profile: str
+    gpus: int | None
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> VirtualSpec:
+        """A ValueError names what is wrong."""
+        head, sep, count = text.rpartition("=")
+        if not sep or not head:
+            raise ValueError(f"{text!r}: expected PROFILE[:GPUS]=COUNT, e.g. h100=1000 or t4:4=200")
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"{text!r}: the node count after '=' must be a whole number from 1")
+        name, colon, gpus = head.partition(":")
+        if not name:
+            raise ValueError(f"{text!r}: no profile before '='")
+        if colon and (not gpus.isdigit() or int(gpus) < 1):
+            raise ValueError(f"{text!r}: the GPU count after ':' must be a whole number from 1")
+        return cls(name, int(gpus) if colon else None, int(count))
+
+    @property
+    def pool(self) -> str:
+        stem = Path(self.profile).stem if self.profile.endswith((".yaml", ".yml")) else self.profile
+        label = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:30] or "pool"
+        return label + (f"-{self.gpus}" if self.gpus else "")
+
+    def __str__(self) -> str:
+        return f"{self.profile}{f':{self.gpus}' if self.gpus else ''}={self.count}"
+
+
+@dataclass
+class Pool:
+    """One pool as the cluster's state keeps it: what every node of it carries (computed once)."""
+
+    name: str
+    spec: str
+    profile: str  # the profile's name
+    product: str
+    gpus: int
+    count: int
+    labels: dict[str, str]  # GFD's on the staged profile
+    per_gpu: list[dict[str, int]]  # the device plugin's resources, GPU by GPU
+    devices: list[Json]  # the DRA plugin's ResourceSlice devices of the staged profile
+    racked: bool = False  # the board is built into racks: each node's clique is its rack's
+    faults: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> GPU index -> why unhealthy
+
+    @property
+    def nodes(self) -> list[str]:
+        return [f"virtual-{self.name}-{i}" for i in range(self.count)]
+
+    def rack(self, i: int) -> str | None:
+        per_rack = max(1, fleet.NVL_DOMAIN_GPUS // self.gpus)
+        return f"virtual-{self.name}-nvl{fleet.NVL_DOMAIN_GPUS}-{i // per_rack}" if self.racked else None
+
+    def healthy(self, node: str) -> list[int]:
+        bad = self.faults.get(node, {})
+        return [i for i in range(self.gpus) if str(i) not in bad]
+
+    def resources(self, node: str, allocatable: bool) -> dict[str, str]:
+        """The node's GPU resources: capacity (every GPU) or allocatable (healthy GPUs only)."""
+        out: dict[str, int] = {}
+        gpus = self.healthy(node) if allocatable else range(self.gpus)
+        for i in gpus:
+            for name, n in self.per_gpu[i].items():
+                out[name] = out.get(name, 0) + n
+        for name in {k for r in self.per_gpu for k in r}:
+            out.setdefault(name, 0)
+        return {k: str(v) for k, v in sorted(out.items())}
+
+    def node_labels(self, i: int) -> dict[str, str]:
+        labels = dict(self.labels)
+        rack = self.rack(i)
+        if rack and CLIQUE_LABEL in labels:
+            clique = labels[CLIQUE_LABEL].rsplit(".", 1)[-1]
+            labels[CLIQUE_LABEL] = f"{fleet.rack_cluster_uuid(rack)}.{clique}"
+        return labels
+
+    def slice_devices(self, node: str) -> list[Json]:
+        """The DRA devices of ``node``: the pool's, with this node's own GPU UUIDs, healthy ones only."""
+        out = []
+        for i in self.healthy(node):
+            dev = json.loads(json.dumps(self.devices[i]))
+            dev["attributes"]["uuid"] = {"string": fleet.gpu_identity(self.profile, node, i)[0]}
+            out.append(dev)
+        return out
+
+    def to_json(self) -> Json:
+        return asdict(self)
+
+
+def node_body(pool: Pool, i: int) -> Json:
+    """Node ``i`` of ``pool`` as it is created (KWOK keeps its status from then on)."""
+    name = pool.nodes[i]
+    labels = {
+        **pool.node_labels(i),
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+        VIRTUAL_LABEL: "true",
+        POOL_LABEL: pool.name,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1]}},
+        "spec": {},
+        "status": {
+            "capacity": {**NODE_RESOURCES, **pool.resources(name, allocatable=False)},
+            "allocatable": {**NODE_RESOURCES, **pool.resources(name, allocatable=True)},
+        },
+    }
+
+
+def fault_effect(kind: str, fields: Json) -> tuple[str, str]:
+    """What the device plugin makes of fault ``kind`` on a GPU: ``("unhealthy", why)``,
+    ``("healthy", "")`` (``clear``) or ``("unchanged", why)``. A ValueError: the fault shows nowhere
+    a virtual node has (it has no NVML)."""
+    if kind == "xid":
+        code = int(fields["code"])
+        if code in APPLICATION_XIDS:
+            return "unchanged", f"Xid {code} is an application error: the device plugin keeps the GPU healthy"
+        return "unhealthy", f"Xid {code}"
+    if kind == "lost":
+        return "unhealthy", "Xid 79 (GPU lost)"
+    if kind == "ecc" and int(fields.get("uncorrected") or 0) > 0:
+        return "unhealthy", "Xid 48 (double-bit ECC error)"
+    if kind == "clear":
+        return "healthy", ""
+    raise ValueError(
+        f"a virtual node has no NVML: {kind} changes nothing its API objects show "
+        "(virtual nodes take xid, lost, ecc --uncorrected and clear)"
+    )
+
+
+def profile_for(spec: VirtualSpec) -> profiles.Profile:
+    return profiles.load(spec.profile).with_count(spec.gpus)
+
+
+def racked(profile: profiles.Profile) -> bool:
+    return fleet.default_rack(profile, 0) is not None
+
+
+def parallel(fn: Any, items: Iterable[Any], workers: int = 8) -> list[Any]:
+    """``fn`` over ``items`` on a few threads (API calls: the server's work, not ours)."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(fn, items))
+
+
+def check_total(specs: Sequence[VirtualSpec], extra: int = 0) -> None:
+    total = sum(s.count for s in specs) + extra
+    if total > MAX_VIRTUAL:
+        raise ValueError(f"{total} virtual nodes: a cluster holds at most {MAX_VIRTUAL}")
+    pools = [s.pool for s in specs]
+    if dup := sorted({p for p in pools if pools.count(p) > 1}):
+        raise ValueError(f"--virtual: pool {dup[0]} given twice (one --virtual per PROFILE[:GPUS])")

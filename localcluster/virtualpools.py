@@ -1,0 +1,198 @@
+"""The cluster's virtual pools (:mod:`.virtual`) against its API server: each pool computed once
+from its staged profile, its nodes (and their ResourceSlices) created, counted, kept in step
+with faults, and summarised for ``status``. KWOK (:func:`.config.kwok_argv`) does the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpumodel import fleet, nodelayout
+
+from . import gpustack, virtual
+from .virtual import Pool, VirtualSpec
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+__all__ = ["apply_fault", "build", "create", "find", "pool_status", "ready"]
+
+DRIVER = "gpu.nvidia.com"
+
+
+def build(cluster: Cluster, spec: VirtualSpec, gfd: Path, nvidia_smi: Path, mig_strategy: str) -> Pool:
+    """Pool ``spec``: its profile staged as a mock node in a mount namespace of its own, labelled
+    by GFD (one-shot) and read through NVML as the DRA plugin reads a node; then unstaged."""
+    from k8snode.dra import gpus as dra_gpus
+    from k8snode.dra import resources
+
+    from .cluster import ClusterError
+
+    prof = virtual.profile_for(spec)
+    name = f"template-{spec.pool}"
+    layout = cluster.layout.node(name, 0)
+    staged = fleet.as_node(prof, name)
+    racked = virtual.racked(prof)
+    if racked:
+        staged = fleet.in_rack(staged, f"virtual-{spec.pool}-template")
+    holder_name = f"namespace@{name}"
+    try:
+        gpustack.stage_node(layout, staged, nvidia_smi)
+        binds, links = gpustack.namespace_entries(layout)
+        layout.logs.mkdir(parents=True, exist_ok=True)
+        cluster.start_holder(holder_name, {"binds": binds, "links": links}, layout.ns, layout.logs)
+        holder = cluster.proc(holder_name)
+        layout.gfd.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **gpustack.nvml_env(layout)}
+        res = cluster.run_in(
+            holder.pid if holder else None, gpustack.gfd_argv(gfd, layout, mig_strategy), env=env, timeout=120
+        )
+        (layout.logs / "gfd.log").write_text(res.stdout + res.stderr)
+        out = layout.gfd / "labels"
+        if res.returncode != 0 or not out.exists():
+            raise ClusterError(f"pool {spec.pool}: gpu-feature-discovery exited {res.returncode}: {res.stderr[-800:]}")
+        labels = gpustack.parse_labels(out.read_text())
+        node = nodelayout.NodeLayout.load(layout.node_root)
+        try:
+            info = dra_gpus.read(Path(node.library), layout.node_root / "sys")
+        except dra_gpus.NvmlError as exc:
+            raise ClusterError(f"pool {spec.pool}: {exc}") from None
+    finally:
+        cluster.stop_process(holder_name)
+        gpustack.unstage_node(layout)
+        shutil.rmtree(layout.base, ignore_errors=True)
+    return Pool(
+        name=spec.pool,
+        spec=str(spec),
+        profile=prof.name,
+        product=prof.gpu.name,
+        gpus=prof.gpu_count,
+        count=spec.count,
+        labels=labels,
+        per_gpu=gpustack.allocatable_by_gpu(prof, mig_strategy),
+        devices=[resources.device(g, info) for g in info.gpus],
+        racked=racked,
+    )
+
+
+def _apis(cluster: Cluster) -> tuple[Any, Any]:
+    from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
+
+    api = cluster.api()
+    api.configuration.connection_pool_maxsize = 16
+    return client.CoreV1Api(api), client.ResourceV1Api(api)
+
+
+def create(cluster: Cluster, pools: Sequence[Pool], dra: bool) -> None:
+    """Every pool's nodes (and with ``dra`` each node's ResourceSlice, owned by the node)."""
+    from k8snode.dra import resources
+
+    core, resource = _apis(cluster)
+
+    def make(item: tuple[Pool, int]) -> None:
+        pool, i = item
+        created = json.loads(core.create_node(virtual.node_body(pool, i), _preload_content=False).data)
+        if dra:
+            node = pool.nodes[i]
+            body = resources.slice_of(
+                pool.slice_devices(node), node, driver=DRIVER, owner_uid=created["metadata"]["uid"]
+            )
+            resource.create_resource_slice(body, _preload_content=False)
+
+    virtual.parallel(make, [(p, i) for p in pools for i in range(p.count)])
+
+
+def _virtual_nodes(cluster: Cluster) -> list[dict[str, Any]]:
+    core, _ = _apis(cluster)
+    found = core.list_node(label_selector=f"{virtual.VIRTUAL_LABEL}=true", _preload_content=False)
+    return list(json.loads(found.data).get("items") or [])
+
+
+def _ready(node: dict[str, Any]) -> bool:
+    conditions = node.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def ready(cluster: Cluster, pools: Sequence[Pool]) -> bool:
+    """Every virtual node Ready with its GPUs allocatable."""
+    want = {n: p.resources(n, allocatable=True) for p in pools for n in p.nodes}
+    got = {item["metadata"]["name"]: item for item in _virtual_nodes(cluster) if _ready(item)}
+    for name, resources in want.items():
+        node = got.get(name)
+        if node is None:
+            return False
+        allocatable = node.get("status", {}).get("allocatable", {})
+        if any(allocatable.get(k) != v for k, v in resources.items()):
+            return False
+    return True
+
+
+def pool_status(cluster: Cluster, pools: Sequence[Pool]) -> list[dict[str, Any]]:
+    """Per pool: nodes, Ready, GPUs (capacity) and allocatable GPUs, as the API server has them."""
+    by_pool: dict[str, list[dict[str, Any]]] = {}
+    for item in _virtual_nodes(cluster):
+        by_pool.setdefault(item["metadata"].get("labels", {}).get(virtual.POOL_LABEL, ""), []).append(item)
+    out = []
+    for p in pools:
+        items = by_pool.get(p.name, [])
+        out.append(
+            {
+                "pool": p.name,
+                "spec": p.spec,
+                "product": p.product,
+                "nodes": len(items),
+                "wanted": p.count,
+                "ready": sum(1 for i in items if _ready(i)),
+                "gpus": sum(int(i["status"].get("capacity", {}).get("nvidia.com/gpu", 0)) for i in items),
+                "allocatable_gpus": sum(
+                    int(i["status"].get("allocatable", {}).get("nvidia.com/gpu", 0)) for i in items
+                ),
+                "unhealthy_gpus": sum(len(f) for f in p.faults.values()),
+            }
+        )
+    return out
+
+
+def find(pools: Sequence[Pool], node: str) -> Pool | None:
+    return next((p for p in pools if node in set(p.nodes)), None)
+
+
+def apply_fault(cluster: Cluster, pool: Pool, node: str, gpus: Sequence[int], reason: str | None) -> list[str]:
+    """GPUs ``gpus`` of virtual node ``node`` unhealthy for ``reason`` (None: healthy again), shown as
+    the device plugin (allocatable) or the DRA driver (the ResourceSlice) would show it; one note
+    per GPU. The caller saves the cluster's state."""
+    from k8snode.dra import resources
+
+    bad = pool.faults.setdefault(node, {})
+    notes = []
+    for i in gpus:
+        if reason is None:
+            was = bad.pop(str(i), None)
+            notes.append(f"GPU {i}: healthy again" if was else f"GPU {i}: healthy")
+        else:
+            bad.setdefault(str(i), reason)
+            notes.append(f"GPU {i}: unhealthy ({bad[str(i)]})")
+    if not bad:
+        pool.faults.pop(node, None)
+    allocator = cluster.state.options.get("allocator")
+    core, resource = _apis(cluster)
+    if allocator == "device-plugin":
+        body = {"status": {"allocatable": pool.resources(node, allocatable=True)}}
+        core.patch_node_status(node, body, _preload_content=False)
+    elif allocator == "dra":
+        selector = f"spec.nodeName={node},spec.driver={DRIVER}"
+        items = json.loads(resource.list_resource_slice(field_selector=selector, _preload_content=False).data)["items"]
+        for item in items:
+            generation = int(item["spec"]["pool"].get("generation", 1)) + 1
+            owner = (item["metadata"].get("ownerReferences") or [{}])[0].get("uid")
+            body = resources.slice_of(
+                pool.slice_devices(node), node, driver=DRIVER, generation=generation, owner_uid=owner
+            )
+            body["metadata"] = item["metadata"]
+            resource.replace_resource_slice(item["metadata"]["name"], body, _preload_content=False)
+    return notes

@@ -1,0 +1,125 @@
+"""The virtual pools' model (localcluster.virtual, localcluster.fgo): specs, what a node carries,
+faults as the device plugin reports them. No cluster: the API side is in test_cluster_virtual."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from gpumodel import fleet, profile
+from localcluster import fgo, gpustack, virtual
+from localcluster.fgo import FgoSpec
+from localcluster.virtual import Pool, VirtualSpec
+
+
+def pool(profile_name: str = "h100", gpus: int = 8, count: int = 3, racked: bool = False) -> Pool:
+    prof = profile.load(profile_name).with_count(gpus)
+    return Pool(
+        name=profile_name,
+        spec=f"{profile_name}={count}",
+        profile=prof.name,
+        product=prof.gpu.name,
+        gpus=gpus,
+        count=count,
+        labels={"nvidia.com/gpu.product": "X", **({virtual.CLIQUE_LABEL: "abc.7"} if racked else {})},
+        per_gpu=gpustack.allocatable_by_gpu(prof, "none"),
+        devices=[{"name": f"gpu-{i}", "attributes": {"uuid": {"string": "template"}}} for i in range(gpus)],
+        racked=racked,
+    )
+
+
+def test_specs_parse_and_name_their_pools() -> None:
+    assert VirtualSpec.parse("h100=1000") == VirtualSpec("h100", None, 1000)
+    assert VirtualSpec.parse("t4:4=200").pool == "t4-4"
+    assert str(VirtualSpec.parse("t4:4=200")) == "t4:4=200"
+    for bad, words in (
+        ("h100", "PROFILE[:GPUS]=COUNT"),
+        ("h100=0", "from 1"),
+        ("h100:x=2", "GPU count"),
+        ("=3", "PROFILE"),
+    ):
+        with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
+            VirtualSpec.parse(bad)
+    with pytest.raises(ValueError, match="at most"):
+        virtual.check_total([VirtualSpec("h100", None, 6000), VirtualSpec("t4", None, 5000)])
+    with pytest.raises(ValueError, match="given twice"):
+        virtual.check_total([VirtualSpec("h100", None, 6), VirtualSpec("h100", None, 5)])
+
+
+def test_a_node_body_is_kwoks_and_carries_the_gpus() -> None:
+    body = virtual.node_body(pool(), 2)
+    meta = body["metadata"]
+    assert meta["name"] == "virtual-h100-2" and meta["annotations"] == {"kwok.x-k8s.io/node": "fake"}
+    assert meta["labels"]["type"] == "kwok" and meta["labels"]["mokka.io/virtual"] == "true"
+    assert meta["labels"]["mokka.io/virtual-pool"] == "h100" and meta["labels"]["nvidia.com/gpu.product"] == "X"
+    assert body["status"]["capacity"]["nvidia.com/gpu"] == "8" == body["status"]["allocatable"]["nvidia.com/gpu"]
+
+
+def test_unhealthy_gpus_leave_allocatable_and_the_slice() -> None:
+    p = pool()
+    p.faults["virtual-h100-1"] = {"3": "Xid 79"}
+    assert p.resources("virtual-h100-1", allocatable=True) == {"nvidia.com/gpu": "7"}
+    assert p.resources("virtual-h100-1", allocatable=False) == {"nvidia.com/gpu": "8"}
+    assert p.resources("virtual-h100-0", allocatable=True) == {"nvidia.com/gpu": "8"}
+    devices = p.slice_devices("virtual-h100-1")
+    assert [d["name"] for d in devices] == [f"gpu-{i}" for i in (0, 1, 2, 4, 5, 6, 7)]
+    assert devices[0]["attributes"]["uuid"]["string"] == fleet.gpu_identity("h100", "virtual-h100-1", 0)[0]
+    assert p.devices[0]["attributes"]["uuid"]["string"] == "template"  # the pool's own stay as they were
+
+
+def test_every_virtual_gpu_has_its_own_uuid() -> None:
+    p = pool(count=50)
+    uuids = {d["attributes"]["uuid"]["string"] for n in p.nodes for d in p.slice_devices(n)}
+    assert len(uuids) == 50 * 8
+
+
+def test_racked_boards_get_one_clique_per_rack() -> None:
+    p = pool("gb200", 4, count=40, racked=True)
+    cliques = [p.node_labels(i)[virtual.CLIQUE_LABEL] for i in range(40)]
+    assert len(set(cliques[:18])) == 1 and cliques[18] != cliques[0] and len(set(cliques)) == 3
+    assert all(c.endswith(".7") for c in cliques)
+    assert cliques[0].startswith(fleet.rack_cluster_uuid(p.rack(0) or ""))
+
+
+def test_faults_map_to_what_the_device_plugin_reports() -> None:
+    assert virtual.fault_effect("xid", {"code": 79}) == ("unhealthy", "Xid 79")
+    assert virtual.fault_effect("xid", {"code": 13})[0] == "unchanged"
+    assert virtual.fault_effect("lost", {})[0] == "unhealthy"
+    assert virtual.fault_effect("ecc", {"uncorrected": 1})[0] == "unhealthy"
+    assert virtual.fault_effect("clear", {"all": False}) == ("healthy", "")
+    with pytest.raises(ValueError, match="no NVML"):
+        virtual.fault_effect("temperature", {"celsius": 95})
+
+
+def test_fgo_specs_topology_and_profiles() -> None:
+    spec = FgoSpec.parse("big=h100:20")
+    assert spec == FgoSpec("big", "h100", 20) and spec.nodes[0] == "fgo-big-0"
+    for bad in ("big", "big=h100", "Big=h100:2", "big=nope:2", "big=h100:0"):
+        with pytest.raises(ValueError):
+            FgoSpec.parse(bad)
+    topo = yaml.safe_load(fgo.topology([spec], "none")["data"]["topology.yml"])
+    assert topo["nodePools"] == {"big": {"gpu": {"backend": "fake", "profile": "h100"}}}
+    assert topo["nodePoolLabelKey"] == fgo.POOL_KEY
+    cms = {cm["metadata"]["name"]: cm for cm in fgo.profile_configmaps()}
+    assert set(cms) == {f"gpu-profile-{n}" for n in profile.builtin_names()}
+    h100 = yaml.safe_load(cms["gpu-profile-h100"]["data"]["profile.yaml"])
+    assert h100["device_defaults"]["name"] == "NVIDIA H100 80GB HBM3"
+    assert cms["gpu-profile-h100"]["metadata"]["labels"]["fake-gpu-operator/gpu-profile"] == "true"
+
+
+def test_the_chart_publishes_the_same_fgo_profiles() -> None:
+    from pathlib import Path
+
+    chart = Path(__file__).resolve().parent.parent / "charts" / "mokka" / "profiles"
+    for cm in fgo.profile_configmaps():
+        name = cm["metadata"]["name"].removeprefix("gpu-profile-")
+        assert yaml.safe_load((chart / f"{name}.yaml").read_text()) == yaml.safe_load(cm["data"]["profile.yaml"])
+
+
+def test_fgo_binaries_missing_say_where(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    monkeypatch.delenv(fgo.ENV_DIR, raising=False)
+    with pytest.raises(fgo.FgoError, match=fgo.ENV_DIR):
+        fgo.find_binaries(tmp_path)  # type: ignore[arg-type]
+    monkeypatch.setenv(fgo.ENV_DIR, str(tmp_path))
+    with pytest.raises(fgo.FgoError, match="no status-updater"):
+        fgo.find_binaries(tmp_path)  # type: ignore[arg-type]
