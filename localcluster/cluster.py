@@ -606,6 +606,7 @@ class Cluster:
                 self.save()
         total = sum(p.count for p in pools)
         with self._step(progress, f"KWOK {versions.KWOK}: {total} virtual node(s) Ready with their GPUs"):
+            config.write_kwok_configuration(self.layout)
             argv = config.kwok_argv(bins.kwok, self.layout, binaries.KWOK_STAGES)
             self.spawn_in(self.holder, "kwok", argv, self.layout.logs / "kwok.log")
             t0 = time.monotonic()
@@ -614,7 +615,7 @@ class Cluster:
             except Exception as exc:  # the kubernetes client's errors: one line
                 raise ClusterError(f"virtual nodes: {getattr(exc, 'reason', None) or exc}") from None
             self.state.timings["virtual nodes created"] = round(time.monotonic() - t0, 2)
-            self.wait(f"{total} virtual nodes Ready", _throttled(lambda: virtualpools.ready(self, pools)),
+            self.wait(f"{total} virtual nodes Ready", _throttled(lambda: virtualpools.ready(self, pools), 3),
                       timeout=max(READY_TIMEOUT, total * 0.1))  # fmt: skip
         if options.fgo:
             fgo_total = sum(f.count for f in options.fgo)
@@ -636,7 +637,7 @@ class Cluster:
                         for p, f in zip(status, options.fgo, strict=True)
                     )
 
-                self.wait(f"{fgo_total} FGO nodes Ready with GPUs", _throttled(fgo_ready),
+                self.wait(f"{fgo_total} FGO nodes Ready with GPUs", _throttled(fgo_ready, 3),
                           timeout=max(READY_TIMEOUT, fgo_total * 0.1))  # fmt: skip
 
     def relabel(self) -> dict[str, dict[str, str]]:
@@ -704,7 +705,10 @@ class Cluster:
         for n in self.nodes:
             problems += n.stop()
         for name in CONTROL_PLANE:
-            if (p := self.proc(name)) is not None and p.stop():
+            if name in FGO_PROCESSES:  # FGO's status exporter takes ~20 s per 1000 nodes to stop
+                if (p := self.proc(name)) is not None and p.stop(timeout=30):
+                    progress(f"{name} killed: not stopped 30 s after SIGTERM")
+            elif (p := self.proc(name)) is not None and p.stop():
                 problems.append(f"{name} ignored SIGTERM")
         for name in ("namespace", "forward", "netns"):  # the network namespace goes with its last process
             if (p := self.proc(name)) is not None:

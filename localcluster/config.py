@@ -324,12 +324,35 @@ KWOK_POD_CIDR = "100.64.0.0/12"
 KWOK_LEASE_SECONDS = 40  # the kubelet's node lease duration
 
 
+# KWOK's workers (4 each by default): a thousand nodes' stages and leases are played sooner.
+KWOK_PARALLELISM = 16
+
+
+def kwok_configuration() -> dict[str, Any]:
+    """KWOK's own configuration object (its workers; the rest its defaults)."""
+    workers = ("nodePlayStageParallelism", "podPlayStageParallelism", "nodeLeaseParallelism")
+    return {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokConfiguration",
+        "options": dict.fromkeys(workers, KWOK_PARALLELISM),
+    }
+
+
+def write_kwok_configuration(layout: Layout) -> Path:
+    path = layout.base / "kwok.yaml"
+    path.write_text(yaml.safe_dump(kwok_configuration(), sort_keys=False))
+    return path
+
+
 def kwok_argv(bindir: Path, layout: Layout, stages: Sequence[str]) -> list[str]:
     """KWOK for the nodes annotated ``kwok.x-k8s.io/node=fake`` only (never a kubelet's), with its
-    module's own stages (in ``bindir`` beside the binary)."""
+    module's own stages (in ``bindir`` beside the binary) and :func:`kwok_configuration`; warnings
+    only in its log (it logs every patch and lease otherwise)."""
     return [
         str(bindir / "kwok"),
         f"--kubeconfig={layout.admin_kubeconfig}",
+        "--v=WARN",
+        f"--config={layout.base / 'kwok.yaml'}",
         "--manage-all-nodes=false",
         "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
         f"--node-lease-duration-seconds={KWOK_LEASE_SECONDS}",
