@@ -100,6 +100,7 @@ class Cluster:
     def __init__(self, layout: Layout, state: State) -> None:
         self.layout = layout
         self.state = state
+        self._ssl_context: ssl.SSLContext | None = None
 
     # ------------------------------------------------------------------ loading
 
@@ -347,6 +348,12 @@ class Cluster:
             "fgo": fgo.pool_status(self, self.fgo_pools) if self.state.fgo else [],
         }
 
+    def ssl_context(self) -> ssl.SSLContext:
+        """TLS with the admin's credentials, for the API server (made once)."""
+        if self._ssl_context is None:
+            self._ssl_context = self._ssl()
+        return self._ssl_context
+
     def _ssl(self) -> ssl.SSLContext:
         pki = Pki(self.layout.pki)
         ctx = ssl.create_default_context(cafile=str(pki.ca))
@@ -355,7 +362,7 @@ class Cluster:
 
     def get(self, path: str, timeout: float = 5) -> dict[str, Any]:
         try:
-            with urllib.request.urlopen(self.server + path, context=self._ssl(), timeout=timeout) as res:
+            with urllib.request.urlopen(self.server + path, context=self.ssl_context(), timeout=timeout) as res:
                 data: dict[str, Any] = json.loads(res.read())
                 return data
         except (OSError, ValueError) as exc:
@@ -374,7 +381,7 @@ class Cluster:
             self.server + path, data=json.dumps(body).encode(), method=method, headers={"Content-Type": content_type}
         )
         try:
-            with urllib.request.urlopen(req, context=self._ssl(), timeout=10) as res:
+            with urllib.request.urlopen(req, context=self.ssl_context(), timeout=10) as res:
                 data: dict[str, Any] = json.loads(res.read())
                 return data
         except (OSError, ValueError) as exc:
@@ -615,8 +622,8 @@ class Cluster:
             except Exception as exc:  # the kubernetes client's errors: one line
                 raise ClusterError(f"virtual nodes: {getattr(exc, 'reason', None) or exc}") from None
             self.state.timings["virtual nodes created"] = round(time.monotonic() - t0, 2)
-            self.wait(f"{total} virtual nodes Ready", _throttled(lambda: virtualpools.ready(self, pools), 3),
-                      timeout=max(READY_TIMEOUT, total * 0.1))  # fmt: skip
+            watch = virtualpools.watch(self, pools)
+            self.wait(f"{total} virtual nodes Ready", watch.poll, timeout=max(READY_TIMEOUT, total * 0.1))
         if options.fgo:
             fgo_total = sum(f.count for f in options.fgo)
             with self._step(
@@ -630,15 +637,10 @@ class Cluster:
                 except Exception as exc:  # the kubernetes client's errors: one line
                     raise ClusterError(f"fake-gpu-operator: {getattr(exc, 'reason', None) or exc}") from None
 
-                def fgo_ready() -> bool:
-                    status = fgo.pool_status(self, list(options.fgo))
-                    return all(p["ready"] == p["wanted"] and p["products"] for p in status) and all(
-                        p["allocatable_gpus"] == profiles.load(f.profile).gpu_count * f.count
-                        for p, f in zip(status, options.fgo, strict=True)
-                    )
-
-                self.wait(f"{fgo_total} FGO nodes Ready with GPUs", _throttled(fgo_ready, 3),
-                          timeout=max(READY_TIMEOUT, fgo_total * 0.1))  # fmt: skip
+                watch = fgo.watch(self, list(options.fgo))
+                self.wait(
+                    f"{fgo_total} FGO nodes Ready with GPUs", watch.poll, timeout=max(READY_TIMEOUT, fgo_total * 0.1)
+                )
 
     def relabel(self) -> dict[str, dict[str, str]]:
         """GFD one-shot again on every node, its labels applied (what GFD's daemon does every
@@ -680,7 +682,7 @@ class Cluster:
 
     def _apiserver_ready(self) -> bool:
         try:
-            with urllib.request.urlopen(self.server + "/readyz", context=self._ssl(), timeout=2) as res:
+            with urllib.request.urlopen(self.server + "/readyz", context=self.ssl_context(), timeout=2) as res:
                 return bool(res.status == 200)
         except OSError:
             return False
@@ -727,19 +729,6 @@ class Cluster:
                 problems.append(f"cannot remove {layout.base}")
         progress("cluster down" + (f" with problems: {'; '.join(problems)}" if problems else ""))
         return problems
-
-
-def _throttled(check: Callable[[], bool], every: float = 1.0) -> Callable[[], bool]:
-    """``check`` at most once every ``every`` seconds (a list of every virtual node is not cheap)."""
-    last = [0.0]
-
-    def run() -> bool:
-        if time.monotonic() - last[0] < every:
-            return False
-        last[0] = time.monotonic()
-        return check()
-
-    return run
 
 
 FGO_PROCESSES = tuple(f"fgo-{name}" for name in fgo.BINARIES)

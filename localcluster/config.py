@@ -321,20 +321,29 @@ def controller_manager_argv(binary: Path, layout: Layout) -> list[str]:
 API_QPS = ("--kube-api-qps=500", "--kube-api-burst=1000")
 # Where KWOK's pods get addresses (no network behind them): apart from every pod subnet here.
 KWOK_POD_CIDR = "100.64.0.0/12"
-KWOK_LEASE_SECONDS = 40  # the kubelet's node lease duration
+# KWOK renews a node's lease every quarter of its duration: every 30 s, well inside the node
+# controller's 50 s grace period (the kubelet's 40 s lease, renewed every 10 s, would be 100 writes a
+# second per thousand nodes, more than two cores serve beside everything else).
+KWOK_LEASE_SECONDS = 120
 
 
-# KWOK's workers (4 each by default): a thousand nodes' stages and leases are played sooner.
-KWOK_PARALLELISM = 16
+# KWOK's workers. Its node workers (4 by default) are 16: a thousand nodes' stages and leases are
+# played sooner; its pod workers stay 4 (more take the CPU the scheduler needs). A configuration
+# file's options are not defaulted, so each is given.
+KWOK_WORKERS = {
+    "nodePlayStageParallelism": 16,
+    "nodeLeaseParallelism": 16,
+    "podPlayStageParallelism": 4,
+    "podsOnNodeSyncParallelism": 1,
+}
 
 
 def kwok_configuration() -> dict[str, Any]:
     """KWOK's own configuration object (its workers; the rest its defaults)."""
-    workers = ("nodePlayStageParallelism", "podPlayStageParallelism", "nodeLeaseParallelism")
     return {
         "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
         "kind": "KwokConfiguration",
-        "options": dict.fromkeys(workers, KWOK_PARALLELISM),
+        "options": dict(KWOK_WORKERS),
     }
 
 

@@ -33,6 +33,7 @@ import yaml
 from gpumodel import profile as profiles
 
 from . import virtual
+from .nodewatch import NodeWatch, ready
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -214,6 +215,18 @@ def up(cluster: Cluster, specs: list[FgoSpec], bindir: Path, mig_strategy: str) 
         )  # fmt: skip
 
 
+def watch(cluster: Cluster, specs: list[FgoSpec]) -> NodeWatch:
+    """A watch that is done once every FGO node is Ready with its profile's GPUs and product label."""
+    gpus = {n: str(profiles.load(s.profile).gpu_count) for s in specs for n in s.nodes}
+
+    def done(node: dict[str, Any]) -> bool:
+        allocatable = node.get("status", {}).get("allocatable", {})
+        labelled = "nvidia.com/gpu.product" in node["metadata"].get("labels", {})
+        return ready(node) and labelled and allocatable.get("nvidia.com/gpu") == gpus[node["metadata"]["name"]]
+
+    return NodeWatch(cluster, FGO_POOL_LABEL, gpus, done)
+
+
 def pool_status(cluster: Cluster, specs: list[FgoSpec]) -> list[dict[str, Any]]:
     """Per FGO pool: nodes, Ready, and the GPUs FGO's device plugin gave them."""
     from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
@@ -223,17 +236,14 @@ def pool_status(cluster: Cluster, specs: list[FgoSpec]) -> list[dict[str, Any]]:
     out = []
     for s in specs:
         mine = [i for i in items if i["metadata"]["labels"].get(FGO_POOL_LABEL) == s.pool]
-        ready = [
-            i for i in mine
-            if any(c.get("type") == "Ready" and c.get("status") == "True" for c in i["status"].get("conditions") or [])
-        ]  # fmt: skip
+        up = [i for i in mine if ready(i)]
         out.append(
             {
                 "pool": s.pool,
                 "spec": str(s),
                 "nodes": len(mine),
                 "wanted": s.count,
-                "ready": len(ready),
+                "ready": len(up),
                 "allocatable_gpus": sum(int(i["status"].get("allocatable", {}).get("nvidia.com/gpu", 0)) for i in mine),
                 "products": sorted({i["metadata"]["labels"].get("nvidia.com/gpu.product", "") for i in mine} - {""}),
             }

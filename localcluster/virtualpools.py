@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 from gpumodel import fleet, nodelayout
 
 from . import gpustack, virtual
+from .nodewatch import NodeWatch, ready
 from .virtual import Pool, VirtualSpec
 
 if TYPE_CHECKING:
     from .cluster import Cluster
 
-__all__ = ["apply_fault", "build", "create", "find", "pool_status", "ready"]
+__all__ = ["apply_fault", "build", "create", "find", "pool_status", "watch"]
 
 DRIVER = "gpu.nvidia.com"
 
@@ -114,23 +115,16 @@ def _virtual_nodes(cluster: Cluster) -> list[dict[str, Any]]:
     return list(json.loads(found.data).get("items") or [])
 
 
-def _ready(node: dict[str, Any]) -> bool:
-    conditions = node.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def ready(cluster: Cluster, pools: Sequence[Pool]) -> bool:
-    """Every virtual node Ready with its GPUs allocatable."""
+def watch(cluster: Cluster, pools: Sequence[Pool]) -> NodeWatch:
+    """A watch that is done once every virtual node is Ready with its GPUs allocatable."""
     want = {n: p.resources(n, allocatable=True) for p in pools for n in p.nodes}
-    got = {item["metadata"]["name"]: item for item in _virtual_nodes(cluster) if _ready(item)}
-    for name, resources in want.items():
-        node = got.get(name)
-        if node is None:
-            return False
+
+    def done(node: dict[str, Any]) -> bool:
         allocatable = node.get("status", {}).get("allocatable", {})
-        if any(allocatable.get(k) != v for k, v in resources.items()):
-            return False
-    return True
+        resources = want[node["metadata"]["name"]]
+        return ready(node) and all(allocatable.get(k) == v for k, v in resources.items())
+
+    return NodeWatch(cluster, f"{virtual.VIRTUAL_LABEL}=true", want, done)
 
 
 def pool_status(cluster: Cluster, pools: Sequence[Pool]) -> list[dict[str, Any]]:
@@ -148,7 +142,7 @@ def pool_status(cluster: Cluster, pools: Sequence[Pool]) -> list[dict[str, Any]]
                 "product": p.product,
                 "nodes": len(items),
                 "wanted": p.count,
-                "ready": sum(1 for i in items if _ready(i)),
+                "ready": sum(1 for i in items if ready(i)),
                 "gpus": sum(int(i["status"].get("capacity", {}).get("nvidia.com/gpu", 0)) for i in items),
                 "allocatable_gpus": sum(
                     int(i["status"].get("allocatable", {}).get("nvidia.com/gpu", 0)) for i in items

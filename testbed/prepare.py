@@ -137,9 +137,10 @@ ITEMS: tuple[Item, ...] = (
     ),
     _debs("the official protos the NRI wire-format tests compare against", *versions.NRI_API, versions.TTRPC_API),
     _debs(
-        "the Go fallback for machines without Go >= 1.24 (unpacked only when used), and its test",
+        "the Go fallbacks for machines without Go >= 1.24 (KWOK: 1.26) (unpacked only when used), and their test",
         *(
-            versions.DebianPackage(versions.GO_DEBIAN.suite, f"{versions.GO_DEBIAN.package}-{part}")
+            versions.DebianPackage(spec.suite, f"{spec.package}-{part}")
+            for spec in versions.GO_DEBIAN_BY_MINIMUM.values()
             for part in ("go", "src")
         ),
     ),

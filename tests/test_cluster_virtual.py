@@ -188,11 +188,6 @@ def test_a_fault_on_a_virtual_node_takes_one_gpu_away(cluster: Cluster, core: An
     assert core.read_node("virtual-h100-8").status.allocatable["nvidia.com/gpu"] == "8"  # its neighbour untouched
 
 
-def test_chart_daemonset_affinity_keeps_off_virtual_nodes() -> None:
-    values = (REPO / "charts" / "mokka" / "values.yaml").read_text()
-    assert "mokka.io/virtual" in values and "type" in values
-
-
 # ---------------------------------------------------------------- fake-gpu-operator
 
 

@@ -120,10 +120,14 @@ def test_install_wants_a_pinned_version() -> None:
 
 
 @pytest.mark.slow
-def test_debian_go_toolchain_fallback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Without a Go on the machine, Debian trixie's golang is unpacked from its cached .debs and
-    works. Unpacked here into a scratch cache (280 MB) holding links to the real cache's .debs."""
-    spec = versions.GO_DEBIAN
+@pytest.mark.parametrize("minimum", sorted(versions.GO_DEBIAN_BY_MINIMUM), ids=lambda m: f"go{m[0]}.{m[1]}")
+def test_debian_go_toolchain_fallback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, minimum: tuple[int, int]
+) -> None:
+    """Without a Go on the machine, Debian's golang (trixie's 1.24; sid's 1.26 for KWOK) is unpacked
+    from its cached .debs and works. Unpacked here into a scratch cache (about 280 MB) holding links
+    to the real cache's .debs."""
+    spec = versions.GO_DEBIAN_BY_MINIMUM[minimum]
     debs = tmp_path / "debs" / spec.suite
     debs.mkdir(parents=True)
     for part in ("go", "src"):
@@ -132,8 +136,8 @@ def test_debian_go_toolchain_fallback(monkeypatch: pytest.MonkeyPatch, tmp_path:
             pytest.fail(f"{spec.package}-{part} is not in the cache: {prepare.HOW}")
         (debs / deb.name).symlink_to(deb)
     monkeypatch.setattr(gotool, "candidates", lambda: [])
-    go = gotool.find(tmp_path)
-    assert go == gotool.debian_toolchain(tmp_path)
+    go = gotool.find(tmp_path, minimum)
+    assert go == gotool.debian_toolchain(tmp_path, minimum)
     env = {"PATH": MINIMAL_PATH, "HOME": os.environ.get("HOME", "/root"), "GOTOOLCHAIN": "local"}
     res = subprocess.run([str(go), "version"], env=env, capture_output=True, text=True, check=True)
     assert f"go{spec.upstream}" in res.stdout
