@@ -554,7 +554,9 @@ class Cluster:
                 self._wait_each("NRI plugin registered", lambda n: n.nri_registered(), timeout=30)
         ready_what = "node Ready" if len(nodes) == 1 else f"all {len(nodes)} nodes Ready"
         with self._step(progress, f"controller-manager, scheduler, kubelet: {ready_what}"):
-            cm = config.controller_manager_argv(bins["kube-controller-manager"], layout)
+            cm = config.controller_manager_argv(
+                bins["kube-controller-manager"], layout, virtual_nodes=bool(options.virtual or options.fgo)
+            )
             self.spawn_in(self.holder, "kube-controller-manager", cm, layout.logs / "kube-controller-manager.log")
             scheduler = config.scheduler_argv(bins["kube-scheduler"], layout)
             self.spawn_in(self.holder, "kube-scheduler", scheduler, layout.logs / "kube-scheduler.log")

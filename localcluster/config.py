@@ -293,8 +293,11 @@ def apiserver_argv(binary: Path, layout: Layout, ports: Ports) -> list[str]:
     ]
 
 
-def controller_manager_argv(binary: Path, layout: Layout) -> list[str]:
+def controller_manager_argv(binary: Path, layout: Layout, virtual_nodes: bool = False) -> list[str]:
+    """With ``virtual_nodes`` the node controller waits :data:`VIRTUAL_NODE_GRACE` for a node's lease
+    (KWOK renews thousands of them, every :data:`KWOK_LEASE_SECONDS` / 4)."""
     pki = Pki(layout.pki)
+    grace = [f"--node-monitor-grace-period={VIRTUAL_NODE_GRACE}"] if virtual_nodes else []
     kubeconfig = layout.kubeconfigs / "controller-manager.conf"
     return [
         str(binary),
@@ -310,6 +313,7 @@ def controller_manager_argv(binary: Path, layout: Layout) -> list[str]:
         f"--cluster-signing-cert-file={pki.ca}",
         f"--cluster-signing-key-file={pki.path('ca.key')}",
         "--allocate-node-cidrs=false",
+        *grace,
         *API_QPS,
         "--profiling=false",
         "--v=1",
@@ -321,10 +325,12 @@ def controller_manager_argv(binary: Path, layout: Layout) -> list[str]:
 API_QPS = ("--kube-api-qps=500", "--kube-api-burst=1000")
 # Where KWOK's pods get addresses (no network behind them): apart from every pod subnet here.
 KWOK_POD_CIDR = "100.64.0.0/12"
-# KWOK renews a node's lease every quarter of its duration: every 30 s, well inside the node
-# controller's 50 s grace period (the kubelet's 40 s lease, renewed every 10 s, would be 100 writes a
-# second per thousand nodes, more than two cores serve beside everything else).
-KWOK_LEASE_SECONDS = 120
+# KWOK renews a node's lease every quarter of its duration: every 120 s, so 5000 virtual nodes cost
+# about 40 writes a second (the kubelet's 40 s lease, renewed every 10 s, would be 500: more than two
+# cores serve beside everything else, and nodes would flap NotReady). The node controller of a
+# cluster with virtual nodes waits 3 minutes for a lease instead of 50 s (real nodes too).
+KWOK_LEASE_SECONDS = 480
+VIRTUAL_NODE_GRACE = "3m"
 
 
 # KWOK's workers. Its node workers (4 by default) are 16: a thousand nodes' stages and leases are
