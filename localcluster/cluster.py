@@ -170,10 +170,8 @@ class Cluster:
             raise ClusterError(f"no virtual node {node!r} in this cluster")
         if bad := [i for i in gpus if not 0 <= i < pool.gpus]:
             raise ClusterError(f"node {node} has GPUs 0-{pool.gpus - 1}, not {bad[0]}")
-        try:
+        with _api_errors(f"node {node}"):
             notes = virtualpools.apply_fault(self, pool, node, gpus, reason)
-        except Exception as exc:  # the kubernetes client's errors: one line
-            raise ClusterError(f"node {node}: {getattr(exc, 'reason', None) or exc}") from None
         self.state.virtual = [pool.to_json() if p.name == pool.name else p.to_json() for p in pools]
         self.save()
         return notes
@@ -351,14 +349,10 @@ class Cluster:
     def ssl_context(self) -> ssl.SSLContext:
         """TLS with the admin's credentials, for the API server (made once)."""
         if self._ssl_context is None:
-            self._ssl_context = self._ssl()
+            pki = Pki(self.layout.pki)
+            self._ssl_context = ssl.create_default_context(cafile=str(pki.ca))
+            self._ssl_context.load_cert_chain(str(pki.path("admin.crt")), str(pki.path("admin.key")))
         return self._ssl_context
-
-    def _ssl(self) -> ssl.SSLContext:
-        pki = Pki(self.layout.pki)
-        ctx = ssl.create_default_context(cafile=str(pki.ca))
-        ctx.load_cert_chain(str(pki.path("admin.crt")), str(pki.path("admin.key")))
-        return ctx
 
     def get(self, path: str, timeout: float = 5) -> dict[str, Any]:
         try:
@@ -619,10 +613,8 @@ class Cluster:
             argv = config.kwok_argv(bins.kwok, self.layout, binaries.KWOK_STAGES)
             self.spawn_in(self.holder, "kwok", argv, self.layout.logs / "kwok.log")
             t0 = time.monotonic()
-            try:
+            with _api_errors("virtual nodes"):
                 virtualpools.create(self, pools, dra=options.allocator == "dra")
-            except Exception as exc:  # the kubernetes client's errors: one line
-                raise ClusterError(f"virtual nodes: {getattr(exc, 'reason', None) or exc}") from None
             self.state.timings["virtual nodes created"] = round(time.monotonic() - t0, 2)
             watch = virtualpools.watch(self, pools)
             self.wait(f"{total} virtual nodes Ready", watch.poll, timeout=max(READY_TIMEOUT, total * 0.1))
@@ -634,10 +626,8 @@ class Cluster:
                 bindir = fgo.find_binaries(options.cache or debcache.default_cache())
                 self.state.fgo = [str(f) for f in options.fgo]
                 self.save()
-                try:
+                with _api_errors("fake-gpu-operator"):
                     fgo.up(self, list(options.fgo), bindir, options.mig_strategy)
-                except Exception as exc:  # the kubernetes client's errors: one line
-                    raise ClusterError(f"fake-gpu-operator: {getattr(exc, 'reason', None) or exc}") from None
 
                 watch = fgo.watch(self, list(options.fgo))
                 self.wait(
@@ -731,6 +721,19 @@ class Cluster:
                 problems.append(f"cannot remove {layout.base}")
         progress("cluster down" + (f" with problems: {'; '.join(problems)}" if problems else ""))
         return problems
+
+
+@contextlib.contextmanager
+def _api_errors(what: str) -> Iterator[None]:
+    """The ``kubernetes`` client's errors (a refused call, a lost connection) as one ClusterError line."""
+    from k8snode.dra.cluster import api_reason
+
+    try:
+        yield
+    except ClusterError:
+        raise
+    except Exception as exc:
+        raise ClusterError(f"{what}: {api_reason(exc)}") from None
 
 
 FGO_PROCESSES = tuple(f"fgo-{name}" for name in fgo.BINARIES)

@@ -23,6 +23,7 @@ from gpumodel import profile as profiles
 
 from . import cgroups, config, gpustack, process
 from .config import NodeLayout, NodePorts
+from .nodewatch import ready
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -96,8 +97,7 @@ class Node:
             return None
 
     def ready(self) -> bool:
-        conditions = (self.api_node() or {}).get("status", {}).get("conditions", [])
-        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        return ready(self.api_node() or {})
 
     def allocatable(self, resource: str = "nvidia.com/gpu") -> int:
         return int((self.api_node() or {}).get("status", {}).get("allocatable", {}).get(resource, "0"))
@@ -179,17 +179,7 @@ class Node:
 
     def run_gfd(self, binary: Path, mig_strategy: str) -> dict[str, str]:
         """GFD one-shot in the node's namespace; its labels (applied by the caller: NFD's job)."""
-        from .cluster import ClusterError
-
-        self.layout.gfd.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **gpustack.nvml_env(self.layout)}
-        res = self.run(gpustack.gfd_argv(binary, self.layout, mig_strategy), timeout=120, env=env)
-        self.layout.logs.mkdir(parents=True, exist_ok=True)
-        (self.layout.logs / "gfd.log").write_text(res.stdout + res.stderr)
-        out = self.layout.gfd / "labels"
-        if res.returncode != 0 or not out.exists():
-            raise ClusterError(f"node {self.name}: gpu-feature-discovery exited {res.returncode}: {res.stderr[-1500:]}")
-        return gpustack.parse_labels(out.read_text())
+        return run_gfd(self.cluster, self.holder, self.layout, binary, mig_strategy)
 
     # ------------------------------------------------------------------ down
 
@@ -220,6 +210,24 @@ class Node:
         problems += cgroups.remove(self.layout.cgroup_root)
         problems += gpustack.unstage_node(self.layout)
         return problems
+
+
+def run_gfd(
+    cluster: Cluster, holder: int | None, layout: NodeLayout, binary: Path, mig_strategy: str
+) -> dict[str, str]:
+    """GFD one-shot on the mock node of ``layout`` in the mount namespace of ``holder``; its labels
+    (its output in ``logs/<node>/gfd.log``)."""
+    from .cluster import ClusterError
+
+    layout.gfd.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **gpustack.nvml_env(layout)}
+    res = cluster.run_in(holder, gpustack.gfd_argv(binary, layout, mig_strategy), timeout=120, env=env)
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    (layout.logs / "gfd.log").write_text(res.stdout + res.stderr)
+    out = layout.gfd / "labels"
+    if res.returncode != 0 or not out.exists():
+        raise ClusterError(f"node {layout.name}: gpu-feature-discovery exited {res.returncode}: {res.stderr[-1500:]}")
+    return gpustack.parse_labels(out.read_text())
 
 
 def new_record(name: str, prof: profiles.Profile, spec: str, rack: str | None, ports: NodePorts) -> dict[str, Any]:

@@ -6,7 +6,6 @@ with faults, and summarised for ``status``. KWOK (:func:`.config.kwok_argv`) doe
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from gpumodel import fleet, nodelayout
 
 from . import gpustack, virtual
+from .node import run_gfd
 from .nodewatch import NodeWatch, ready
 from .virtual import Pool, VirtualSpec
 
@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from .cluster import Cluster
 
 __all__ = ["apply_fault", "build", "create", "find", "pool_status", "watch"]
-
-DRIVER = "gpu.nvidia.com"
 
 
 def build(cluster: Cluster, spec: VirtualSpec, gfd: Path, nvidia_smi: Path, mig_strategy: str) -> Pool:
@@ -48,16 +46,7 @@ def build(cluster: Cluster, spec: VirtualSpec, gfd: Path, nvidia_smi: Path, mig_
         layout.logs.mkdir(parents=True, exist_ok=True)
         cluster.start_holder(holder_name, {"binds": binds, "links": links}, layout.ns, layout.logs)
         holder = cluster.proc(holder_name)
-        layout.gfd.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **gpustack.nvml_env(layout)}
-        res = cluster.run_in(
-            holder.pid if holder else None, gpustack.gfd_argv(gfd, layout, mig_strategy), env=env, timeout=120
-        )
-        (layout.logs / "gfd.log").write_text(res.stdout + res.stderr)
-        out = layout.gfd / "labels"
-        if res.returncode != 0 or not out.exists():
-            raise ClusterError(f"pool {spec.pool}: gpu-feature-discovery exited {res.returncode}: {res.stderr[-800:]}")
-        labels = gpustack.parse_labels(out.read_text())
+        labels = run_gfd(cluster, holder.pid if holder else None, layout, gfd, mig_strategy)
         node = nodelayout.NodeLayout.load(layout.node_root)
         try:
             info = dra_gpus.read(Path(node.library), layout.node_root / "sys")
@@ -100,9 +89,7 @@ def create(cluster: Cluster, pools: Sequence[Pool], dra: bool) -> None:
         created = json.loads(core.create_node(virtual.node_body(pool, i), _preload_content=False).data)
         if dra:
             node = pool.nodes[i]
-            body = resources.slice_of(
-                pool.slice_devices(node), node, driver=DRIVER, owner_uid=created["metadata"]["uid"]
-            )
+            body = resources.slice_of(pool.slice_devices(node), node, owner_uid=created["metadata"]["uid"])
             resource.create_resource_slice(body, _preload_content=False)
 
     virtual.parallel(make, [(p, i) for p in pools for i in range(p.count)])
@@ -180,14 +167,12 @@ def apply_fault(cluster: Cluster, pool: Pool, node: str, gpus: Sequence[int], re
         body = {"status": {"allocatable": pool.resources(node, allocatable=True)}}
         core.patch_node_status(node, body, _preload_content=False)
     elif allocator == "dra":
-        selector = f"spec.nodeName={node},spec.driver={DRIVER}"
+        selector = f"spec.nodeName={node},spec.driver={resources.DEFAULT_DRIVER}"
         items = json.loads(resource.list_resource_slice(field_selector=selector, _preload_content=False).data)["items"]
         for item in items:
             generation = int(item["spec"]["pool"].get("generation", 1)) + 1
             owner = (item["metadata"].get("ownerReferences") or [{}])[0].get("uid")
-            body = resources.slice_of(
-                pool.slice_devices(node), node, driver=DRIVER, generation=generation, owner_uid=owner
-            )
+            body = resources.slice_of(pool.slice_devices(node), node, generation=generation, owner_uid=owner)
             body["metadata"] = item["metadata"]
             resource.replace_resource_slice(item["metadata"]["name"], body, _preload_content=False)
     return notes

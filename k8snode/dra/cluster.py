@@ -19,7 +19,7 @@ from typing import Any
 from .gpus import GpuInfo
 from .resources import device_class, resource_slice
 
-__all__ = ["Cluster", "ClusterError", "load_client"]
+__all__ = ["Cluster", "ClusterError", "api_reason", "load_client"]
 
 log = logging.getLogger("mokka.dra")
 
@@ -55,7 +55,8 @@ def _body(response: Any) -> Json:
     return data
 
 
-def _why(exc: Exception) -> str:
+def api_reason(exc: Exception) -> str:
+    """A ``kubernetes`` client error in one line: the status and the API server's message."""
     body = getattr(exc, "body", None)
     if body:
         try:
@@ -87,14 +88,14 @@ class Cluster:
         try:
             items = _body(self.resource.list_resource_slice(field_selector=selector, _preload_content=False))
         except self._api_exception as exc:
-            raise ClusterError(f"cannot list ResourceSlices ({selector}): {_why(exc)}") from None
+            raise ClusterError(f"cannot list ResourceSlices ({selector}): {api_reason(exc)}") from None
         return list(items.get("items") or [])
 
     def _node_uid(self) -> str | None:
         try:
             return str(_body(self.core.read_node(self.node, _preload_content=False))["metadata"]["uid"])
         except self._api_exception as exc:
-            log.info("Node %s not readable (%s): the ResourceSlice gets no owner", self.node, _why(exc))
+            log.info("Node %s not readable (%s): the ResourceSlice gets no owner", self.node, api_reason(exc))
             return None
 
     def publish(self, info: GpuInfo) -> str:
@@ -106,7 +107,7 @@ class Cluster:
             try:
                 self.resource.delete_resource_slice(name, _preload_content=False)
             except self._api_exception as exc:
-                raise ClusterError(f"cannot delete extra ResourceSlice {name}: {_why(exc)}") from None
+                raise ClusterError(f"cannot delete extra ResourceSlice {name}: {api_reason(exc)}") from None
         devices = len(info.gpus)
         products = ", ".join(sorted({g.product_name for g in info.gpus})) or "no GPUs"
         if keep is None:
@@ -114,7 +115,7 @@ class Cluster:
             try:
                 created = _body(self.resource.create_resource_slice(body, _preload_content=False))
             except self._api_exception as exc:
-                raise ClusterError(f"cannot create the ResourceSlice of node {self.node}: {_why(exc)}") from None
+                raise ClusterError(f"cannot create the ResourceSlice of node {self.node}: {api_reason(exc)}") from None
             name = str(created["metadata"]["name"])
             log.info("published ResourceSlice %s: %d devices (%s), pool %s", name, devices, products, self.node)
             return name
@@ -130,7 +131,7 @@ class Cluster:
         try:
             self.resource.replace_resource_slice(name, body, _preload_content=False)
         except self._api_exception as exc:
-            raise ClusterError(f"cannot update ResourceSlice {name}: {_why(exc)}") from None
+            raise ClusterError(f"cannot update ResourceSlice {name}: {api_reason(exc)}") from None
         log.info(
             "updated ResourceSlice %s: %d devices (%s), pool generation %d", name, devices, products, generation + 1
         )
@@ -144,7 +145,9 @@ class Cluster:
                 self.resource.delete_resource_slice(obj["metadata"]["name"], _preload_content=False)
             except self._api_exception as exc:
                 if getattr(exc, "status", None) != 404:
-                    raise ClusterError(f"cannot delete ResourceSlice {obj['metadata']['name']}: {_why(exc)}") from None
+                    raise ClusterError(
+                        f"cannot delete ResourceSlice {obj['metadata']['name']}: {api_reason(exc)}"
+                    ) from None
         return len(existing)
 
     # ---- DeviceClass ----------------------------------------------------------------------
@@ -156,13 +159,13 @@ class Cluster:
             return False
         except self._api_exception as exc:
             if getattr(exc, "status", None) != 404:
-                raise ClusterError(f"cannot read DeviceClass {self.driver}: {_why(exc)}") from None
+                raise ClusterError(f"cannot read DeviceClass {self.driver}: {api_reason(exc)}") from None
         try:
             self.resource.create_device_class(device_class(self.driver), _preload_content=False)
         except self._api_exception as exc:
             if getattr(exc, "status", None) == 409:  # created meanwhile by someone else
                 return False
-            raise ClusterError(f"cannot create DeviceClass {self.driver}: {_why(exc)}") from None
+            raise ClusterError(f"cannot create DeviceClass {self.driver}: {api_reason(exc)}") from None
         log.info("created DeviceClass %s", self.driver)
         return True
 
@@ -174,4 +177,4 @@ class Cluster:
         except self._api_exception as exc:
             if getattr(exc, "status", None) == 404:
                 return None
-            raise ClusterError(_why(exc)) from None
+            raise ClusterError(api_reason(exc)) from None

@@ -76,23 +76,23 @@ def _virtual_cluster(node: str, cluster_dir: Path) -> Any:
 
 def _virtual_fault(c: Any, node: str, gpu: str | None, kind: str, fields: dict[str, Any]) -> None:
     """Fault ``kind`` on virtual node ``node``: its GPUs healthy or not, as the device plugin reports them."""
-    from gpumodel import fleet
+    from gpumodel import faults, fleet
     from localcluster.cluster import ClusterError
     from localcluster.virtual import fault_effect
     from localcluster.virtualpools import find
 
     pool = find(c.pools, node)
     assert pool is not None
-    uuids = {fleet.gpu_identity(pool.profile, node, i)[0].lower(): i for i in range(pool.gpus)}
-    indices: list[int] = []
-    for token in gpu.split(",") if gpu else [str(i) for i in range(pool.gpus)]:
-        token = token.strip()
-        if token.isdigit():
-            indices.append(int(token))
-        elif token.lower() in uuids:
-            indices.append(uuids[token.lower()])
-        else:
-            fail(f"no GPU {token!r} on virtual node {node} (GPUs 0-{pool.gpus - 1} or their UUIDs), --gpu")
+    # The node's GPUs as a real node's state would list them, chosen as on a real node.
+    available = []
+    for i in range(pool.gpus):
+        uuid, serial = fleet.gpu_identity(pool.profile, node, i)
+        available.append(faults.Gpu(slot=i, index=i, uuid=uuid, bus_id="", serial=serial, name=pool.product))
+    try:
+        indices = [g.index for g in faults.select(available, gpu)]
+    except faults.FaultError as exc:
+        fail(f"{exc}, --node {node}")
+        return
     try:
         effect, why = fault_effect(kind, fields)
     except ValueError as exc:

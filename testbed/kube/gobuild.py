@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed import debcache, gotool
+from testbed import debcache, gotool, versions
 
 Progress = Callable[[str], None]
 
@@ -59,7 +59,7 @@ class GoBuild:
     env: tuple[tuple[str, str], ...] = field(default=())
     main: Path | None = None
     links: tuple[str, ...] = ()
-    go: tuple[int, int] = (1, 24)
+    go: tuple[int, int] = versions.GO_MINIMUM
     files: tuple[str, ...] = ()
 
     @property
@@ -79,7 +79,7 @@ class GoBuild:
             source,
             self.links,
         ]
-        if self.go != (1, 24) or self.files:
+        if self.go != versions.GO_MINIMUM or self.files:  # keys of the builds before these fields stay
             asked += [self.go, self.files]
         desc = json.dumps(asked)
         return f"{self.name}-{self.version}-{hashlib.sha256(desc.encode()).hexdigest()[:10]}"
