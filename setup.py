@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parent
 ARTIFACTS = [
     "build/libnvidia-ml.so",
     "build/libcuda.so",
+    "build/libdcgm.so",
     "build/libmokka-state.so",
     "build/libmokka-sysfs.so",
     "mokka_state.h",

@@ -9,6 +9,8 @@ native/mokka_state.h), so a container that gets only that file still sees the no
     DIR/usr/lib64/libcuda.so.<driver version>          answers from the same state
     DIR/usr/lib64/libcuda.so.1 -> libcuda.so.<driver version>
     DIR/usr/lib64/libcuda.so   -> libcuda.so.1
+    DIR/usr/lib64/libdcgm.so.4                         DCGM's API, read through that NVML
+    DIR/usr/lib64/libdcgm.so   -> libdcgm.so.4
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import atomic, state
-from .native import CUDA_LIBRARY, NVML_LIBRARY, library_path
+from .native import CUDA_LIBRARY, DCGM_LIBRARY, NVML_LIBRARY, library_path
 from .profile import Profile
 
 LIBDIR = Path("usr/lib64")
+DCGM_SONAME = "libdcgm.so.4"  # what dcgm-exporter (go-dcgm) dlopens
 
 
 @dataclass(frozen=True)
@@ -49,16 +52,19 @@ def contents(profile: Profile) -> Contents:
     region = state.compile_profile(profile)
     nvml = library_path(NVML_LIBRARY).read_bytes()
     cuda = library_path(CUDA_LIBRARY).read_bytes()
+    dcgm = library_path(DCGM_LIBRARY).read_bytes()
     version = profile.driver.version
     files = (
         StagedFile(f"libnvidia-ml.so.{version}", state.embed(nvml, region), 0o755, live=True),
         StagedFile(f"libcuda.so.{version}", cuda, 0o755),
+        StagedFile(DCGM_SONAME, dcgm, 0o755),
     )
     links = (
         ("libnvidia-ml.so.1", f"libnvidia-ml.so.{version}"),
         ("libnvidia-ml.so", "libnvidia-ml.so.1"),
         ("libcuda.so.1", f"libcuda.so.{version}"),
         ("libcuda.so", "libcuda.so.1"),
+        ("libdcgm.so", DCGM_SONAME),
     )
     return Contents(files=files, links=links, region=region, library=nvml)
 

@@ -99,6 +99,9 @@ def common_edits(layout: NodeLayout) -> ContainerEdits:
     if layout.cuda_library:
         mounts.append(Mount(layout.cuda_library, f"{libdir}/libcuda.so.{version}"))
         mounts.append(Mount(layout.cuda_library, f"{libdir}/libcuda.so.1"))
+    if layout.dcgm_library:
+        # dcgm-exporter's images look for it there; it reads through the NVML beside it.
+        mounts.append(Mount(layout.dcgm_library, f"{libdir}/libdcgm.so.4"))
     if layout.nvidia_smi:
         mounts.append(Mount(layout.nvidia_smi, SMI_IN_CONTAINER))
     if layout.kernel_log:

@@ -14,6 +14,7 @@ _BUNDLED = _PACKAGE / "_native"
 
 NVML_LIBRARY = "libnvidia-ml.so"
 CUDA_LIBRARY = "libcuda.so"
+DCGM_LIBRARY = "libdcgm.so"
 STATE_WRITER = "libmokka-state.so"  # the live-state writer gpumodel.state loads
 SYSFS_SHIM = "libmokka-sysfs.so"
 

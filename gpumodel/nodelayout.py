@@ -42,6 +42,7 @@ class NodeLayout:
     nvidia_smi: str | None = None  # staged nvidia-smi binary, when the user provided one
     sysfs_shim: str | None = None  # LD_PRELOAD library redirecting /sys and /proc lookups
     cuda_library: str | None = None  # staged libcuda.so.<version> (None: staged by an older Mokka)
+    dcgm_library: str | None = None  # staged libdcgm.so.4 (None: staged by an older Mokka)
     machine: str = "x86_64"  # the node's architecture (uname -m): picks the library directory in containers
     caps_major: int | None = None  # /dev/nvidia-caps (MIG); None: no MIG-capable GPU, or an older Mokka's layout
     kernel_log: str | None = None  # staged kernel log (Xid lines of injected faults); None: an older Mokka

@@ -13,6 +13,7 @@ Layout under ROOT (default /var/lib/mokka)::
 
     driver/usr/lib64/libnvidia-ml.so.<ver> (+ .so.1, .so)   the mock NVML, carrying the compiled state
     driver/usr/lib64/libcuda.so.<ver> (+ .so.1, .so)        the mock CUDA driver API
+    driver/usr/lib64/libdcgm.so.4 (+ .so)                  the mock DCGM (dcgm-exporter), read through that NVML
     driver/usr/bin/nvidia-smi                                the nvidia-smi binary given
     driver/var/log/kern.log                                  the driver's Xid lines of injected faults (`mokka fault`)
     dev/nvidia0..N-1, nvidiactl, nvidia-uvm, ...             device nodes
@@ -137,6 +138,7 @@ def plan(profile: Profile, options: Options) -> Plan:
         nvidia_smi=str(root / "driver" / "usr" / "bin" / "nvidia-smi") if options.nvidia_smi else None,
         sysfs_shim=str(root / "lib" / "libmokka-sysfs.so") if shim else None,
         cuda_library=str(libdir / f"libcuda.so.{version}"),
+        dcgm_library=str(libdir / driver_root.DCGM_SONAME),
         machine=machine,
         caps_major=numbers.caps if mig_boards else None,
         kernel_log=str(root / "driver" / "var" / "log" / "kern.log"),
@@ -157,7 +159,11 @@ def plan(profile: Profile, options: Options) -> Plan:
             j.symlink(libdir / name, target_name)
 
     p.steps.append(
-        Step(f"driver root {libdir}: libnvidia-ml.so.{version} carrying the state, libcuda.so.{version}, links", driver)
+        Step(
+            f"driver root {libdir}: libnvidia-ml.so.{version} carrying the state, libcuda.so.{version}, "
+            f"{driver_root.DCGM_SONAME}, links",
+            driver,
+        )
     )
     if options.nvidia_smi is not None:
         smi_src = options.nvidia_smi
