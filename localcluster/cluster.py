@@ -69,6 +69,7 @@ class Options:
     fabric_delay: float = 0  # seconds until the racks' fabric manager is ready (In Progress until then)
     virtual: tuple[VirtualSpec, ...] = ()  # pools of KWOK nodes carrying a real node's surface (:mod:`.virtual`)
     fgo: tuple[FgoSpec, ...] = ()  # pools of KWOK nodes run:ai's fake-gpu-operator serves (:mod:`.fgo`)
+    dcgm_exporter: bool = False  # NVIDIA's dcgm-exporter as a DaemonSet on the mock libdcgm (:mod:`.dcgm`)
 
     def specs(self) -> tuple[NodeSpec, ...]:
         return self.nodes or (NodeSpec(self.profile, self.gpus),)
@@ -356,9 +357,16 @@ class Cluster:
 
     def get(self, path: str, timeout: float = 5) -> dict[str, Any]:
         try:
+            data: dict[str, Any] = json.loads(self.get_text(path, timeout))
+            return data
+        except ValueError as exc:
+            raise ClusterError(f"GET {path}: {exc}") from None
+
+    def get_text(self, path: str, timeout: float = 5) -> str:
+        """The body at ``path`` as text (e.g. a pod's /metrics through the API server's proxy)."""
+        try:
             with urllib.request.urlopen(self.server + path, context=self.ssl_context(), timeout=timeout) as res:
-                data: dict[str, Any] = json.loads(res.read())
-                return data
+                return str(res.read().decode())
         except (OSError, ValueError) as exc:
             raise ClusterError(f"GET {path}: {exc}") from None
 
@@ -592,10 +600,46 @@ class Cluster:
         with self._step(progress, "GPU Feature Discovery (one-shot): node labels"):
             mig_strategy = options.mig_strategy
             self._each("GFD", lambda n: n.label(n.run_gfd(bins["gpu-feature-discovery"], mig_strategy)))
+        if options.dcgm_exporter:
+            with self._step(progress, "dcgm-exporter DaemonSet (NVIDIA's exporter on the mock libdcgm, --kubernetes)"):
+                self._up_dcgm_exporter(cache)
         if options.virtual or options.fgo:
             self._up_virtual(options, bins, smi, progress)
         self.state.timings["up"] = round(time.monotonic() - t_start, 2)
         self.save()
+
+    def _up_dcgm_exporter(self, cache: Path | None) -> None:
+        from . import dcgm
+
+        try:
+            tarball = dcgm.build_image(self.layout.images, cache or debcache.default_cache())
+        except dcgm.ExporterUnavailable as exc:
+            raise ClusterError(f"--dcgm-exporter: {exc}") from None
+        self._each("dcgm-exporter image", lambda n: n.ctr("images", "import", str(tarball.absolute())))
+        self.post("/api/v1/namespaces", dcgm.namespace())
+        self.post(f"/apis/apps/v1/namespaces/{dcgm.NAMESPACE}/daemonsets", dcgm.daemonset())
+        self.wait("dcgm-exporter pods Ready on every node", lambda: len(self.dcgm_exporter_pods()) == len(self.nodes))
+
+    def dcgm_exporter_pods(self) -> dict[str, str]:
+        """The Ready dcgm-exporter pods, by node name."""
+        from . import dcgm
+
+        pods = self.get(f"/api/v1/namespaces/{dcgm.NAMESPACE}/pods?labelSelector=app.kubernetes.io/name={dcgm.NAME}")
+        ready = {}
+        for pod in pods.get("items", []):
+            conditions = pod.get("status", {}).get("conditions", [])
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+                ready[pod["spec"]["nodeName"]] = pod["metadata"]["name"]
+        return ready
+
+    def dcgm_metrics(self, node: str | None = None) -> str:
+        """The /metrics of the dcgm-exporter on ``node`` (the first node by default)."""
+        from . import dcgm
+
+        pod = self.dcgm_exporter_pods().get(node or self.nodes[0].name)
+        if pod is None:
+            raise ClusterError(f"no Ready dcgm-exporter pod on {node or self.nodes[0].name}")
+        return self.get_text(dcgm.metrics_path(pod), timeout=10)
 
     def _up_virtual(self, options: Options, bins: binaries.Binaries, smi: Path, progress: Progress) -> None:
         """The virtual pools: each computed from its staged profile, then KWOK and the nodes."""

@@ -153,6 +153,14 @@ def node_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., 
     help="The racks' fabric manager is ready SECONDS after up: until then their GPUs' fabric probe reads In "
     "Progress (GFD's labels at up then carry no clique: `mokka cluster relabel` runs GFD again).",
 )
+@click.option(
+    "--dcgm-exporter",
+    "dcgm_exporter",
+    is_flag=True,
+    help="Run NVIDIA's dcgm-exporter as a DaemonSet (namespace gpu-monitoring) on the mock libdcgm, with "
+    "--kubernetes: a pod's GPUs carry its pod/namespace labels. The binary comes from $MOKKA_DCGM_DIR "
+    "(dcgm-exporter or dcgm-exporter.xz, and default-counters.csv).",
+)
 @virtual_option
 @fgo_option
 @click.option("--keep-on-failure", is_flag=True, help="Leave a cluster that failed to come up running, for its logs.")
@@ -167,6 +175,7 @@ def up_cmd(
     device_list_strategy: str,
     mig_strategy: str,
     fabric_delay: float,
+    dcgm_exporter: bool,
     keep_on_failure: bool,
 ) -> None:
     """Start the cluster; prints `export KUBECONFIG=...` on stdout, one progress line per step on stderr."""
@@ -188,6 +197,7 @@ def up_cmd(
         fabric_delay=fabric_delay,
         virtual=virtual,
         fgo=fgo_pools,
+        dcgm_exporter=dcgm_exporter,
         keep_on_failure=keep_on_failure,
     )
     t0 = time.monotonic()

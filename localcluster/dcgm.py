@@ -1,0 +1,99 @@
+"""NVIDIA's dcgm-exporter as a DaemonSet of the local cluster (``mokka cluster up --dcgm-exporter``).
+
+Its image is built without Docker: the exporter's binary (``$MOKKA_DCGM_DIR``, else the checkout's
+``../shared/thirdparty/dcgm``, see :mod:`testbed.dcgm_exporter`), its default counters and the glibc
+it links, on busybox; nothing NVIDIA's beyond that. What makes it work on the node is the GPU stack:
+the NRI plugin gives the container (``NVIDIA_VISIBLE_DEVICES=all``, as GPU Operator's DaemonSet
+asks) the mock libnvidia-ml and libdcgm, and ``--kubernetes`` maps GPUs to the pods holding them
+through the kubelet's pod-resources socket (a hostPath), as on a real node."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from testbed import dcgm_exporter
+from testbed import images as oci
+
+IMAGE = "localhost/mokka/dcgm-exporter:1"
+NAMESPACE = "gpu-monitoring"
+NAME = "dcgm-exporter"
+PORT = 9400
+COUNTERS = "/etc/dcgm-exporter/default-counters.csv"
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+
+
+class ExporterUnavailable(RuntimeError):
+    """No dcgm-exporter binary or counters: the message says where they were looked for."""
+
+
+def build_image(out: Path, cache: Path) -> Path:
+    """The exporter's OCI archive under ``out``."""
+    try:
+        exe = dcgm_exporter.binary(cache / "dcgm-exporter")
+    except dcgm_exporter.ExporterMissing as exc:
+        raise ExporterUnavailable(str(exc)) from None
+    counters = dcgm_exporter.default_counters()
+    if counters is None:
+        raise ExporterUnavailable(f"no default-counters.csv beside the exporter (${dcgm_exporter.ENV_DIR})")
+    root = oci.make_rootfs(out / "dcgm-exporter-rootfs", programs=[exe], cache=cache)
+    shutil.copy2(exe, root / "usr/bin/dcgm-exporter")
+    (root / COUNTERS.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(counters, root / COUNTERS.lstrip("/"))
+    archive = oci.oci_archive(root, out / "dcgm-exporter.tar", IMAGE, cmd=["/usr/bin/dcgm-exporter"])
+    shutil.rmtree(root)
+    return archive
+
+
+def namespace() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+
+
+def daemonset() -> dict[str, Any]:
+    """One exporter per real node (virtual nodes have no kubelet to run it)."""
+    labels = {"app.kubernetes.io/name": NAME}
+    container = {
+        "name": NAME,
+        "image": IMAGE,
+        "imagePullPolicy": "Never",
+        # Startup validation asks ldconfig's cache for libdcgm.so.4; this image has no ldconfig.
+        "command": ["/usr/bin/dcgm-exporter"],
+        "args": ["-f", COUNTERS, "--kubernetes", "--disable-startup-validate"],
+        "env": [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        ],
+        "ports": [{"name": "metrics", "containerPort": PORT}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 2},
+        "volumeMounts": [{"name": "pod-resources", "mountPath": POD_RESOURCES, "readOnly": True}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {"matchExpressions": [{"key": "type", "operator": "NotIn", "values": ["kwok"]}]}
+                                ]
+                            }
+                        }
+                    },
+                    "containers": [container],
+                    "volumes": [{"name": "pod-resources", "hostPath": {"path": POD_RESOURCES, "type": "Directory"}}],
+                },
+            },
+        },
+    }
+
+
+def metrics_path(pod: str) -> str:
+    """The API server's proxy to a pod's /metrics."""
+    return f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}:{PORT}/proxy/metrics"
