@@ -95,8 +95,13 @@ def kinds(docs: Docs) -> list[str]:
     return sorted(d["kind"] for d in docs)
 
 
+def mokka_docs(docs: Docs) -> Docs:
+    """The release's documents without the dcgm-exporter integration's."""
+    return [d for d in docs if not d["metadata"]["name"].endswith("dcgm-exporter")]
+
+
 def pod_spec(docs: Docs) -> dict[str, Any]:
-    spec: dict[str, Any] = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    spec: dict[str, Any] = one(mokka_docs(docs), "DaemonSet")["spec"]["template"]["spec"]
     return spec
 
 
@@ -118,7 +123,10 @@ MATRIX: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
             "plugin": {"allocator": "external"},
             "containerdConfig": {"install": True},
             "hostSetup": {"runNvidia": {"toolkitReady": True}},
-            "integrations": {"fakeGpuOperator": {"enabled": True, "targetNamespace": "gpu-operator"}},
+            "integrations": {
+                "fakeGpuOperator": {"enabled": True, "targetNamespace": "gpu-operator"},
+                "dcgmExporter": {"enabled": True, "image": {"tag": "4.2.3-4.1.3-ubuntu22.04"}},
+            },
             "nodeSelector": {"run.ai/simulated-gpu-node-pool": "integration"},
             "imagePullSecrets": [{"name": "regcred"}],
             "podAnnotations": {"example.com/a": "b"},
@@ -178,7 +186,7 @@ def merged(values: dict[str, Any]) -> dict[str, Any]:
 
 def check_daemonset(docs: Docs, given: dict[str, Any]) -> None:
     v = merged(given)
-    ds = one(docs, "DaemonSet")
+    ds = one(mokka_docs(docs), "DaemonSet")
     spec = pod_spec(docs)
     by_name = containers(docs)
     assert ds["metadata"]["namespace"] == NAMESPACE
@@ -525,6 +533,44 @@ def test_fgo_does_not_depend_on_the_release_profile(render: Callable[..., Docs])
     a = fgo_configmaps(render(base))
     b = fgo_configmaps(render(base | {"gpu": {"profile": "t4", "count": 1}}))
     assert {k: v["data"] for k, v in a.items()} == {k: v["data"] for k, v in b.items()}
+
+
+def exporter_docs(docs: Docs) -> dict[str, dict[str, Any]]:
+    return {d["kind"]: d for d in docs if d["metadata"]["name"].endswith("dcgm-exporter")}
+
+
+def test_dcgm_exporter_off_by_default(render: Callable[..., Docs]) -> None:
+    assert exporter_docs(render({})) == {}
+
+
+def test_dcgm_exporter_contract(render: Callable[..., Docs]) -> None:
+    """The exporter asks for every GPU as GPU Operator's does (the NRI plugin then mounts the mock
+    libdcgm and NVML), reads the kubelet's pod-resources socket, and never shares a selector with
+    Mokka's own DaemonSet."""
+    values = {"integrations": {"dcgmExporter": {"enabled": True, "image": {"tag": "4.2.3-4.1.3-ubuntu22.04"}}}}
+    docs = render(values)
+    found = exporter_docs(docs)
+    assert sorted(found) == ["DaemonSet", "Service"]
+    ds = found["DaemonSet"]
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in c["env"]
+    assert "--kubernetes" in c["args"]
+    (volume,) = ds["spec"]["template"]["spec"]["volumes"]
+    assert volume["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert c["volumeMounts"][0]["mountPath"] == "/var/lib/kubelet/pod-resources"
+    ours = next(d for d in docs if d["kind"] == "DaemonSet" and d is not ds)
+    mine, theirs = ds["spec"]["selector"]["matchLabels"], ours["spec"]["selector"]["matchLabels"]
+    assert not (mine.items() <= ours["spec"]["template"]["metadata"]["labels"].items())
+    assert not (theirs.items() <= ds["spec"]["template"]["metadata"]["labels"].items())
+    assert found["Service"]["spec"]["ports"][0]["port"] == 9400
+
+
+def test_dcgm_exporter_needs_a_tag(helm: Path, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"integrations": {"dcgmExporter": {"enabled": True}}}))
+    res = subprocess.run([str(helm), "template", "r", str(CHART), "-f", str(values)], capture_output=True, text=True)
+    assert res.returncode != 0 and "integrations.dcgmExporter.image.tag" in res.stderr, res.stderr
 
 
 def test_chart_profiles_in_sync() -> None:
