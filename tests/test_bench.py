@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from testbed import dcgm_exporter
+
 pytestmark = [pytest.mark.slow, pytest.mark.consumers]
 
 
@@ -81,3 +83,16 @@ def test_bench_fault() -> None:
         "nvmlDeviceGetMemoryInfo (walk pattern)",
     ):
         assert figure in out
+
+
+@pytest.mark.skipif(dcgm_exporter.default_counters() is None, reason="no dcgm-exporter (MOKKA_DCGM_DIR)")
+def test_bench_dcgm() -> None:
+    out = bench("dcgm", "--rounds", "3")
+    for figure in (
+        "/metrics scrape, 8 GPUs",
+        "of it libdcgm, 8 GPUs",
+        "exporter start, 8 GPUs",
+        "/metrics scrape, 64 GPUs",
+        "exporter start, 64 GPUs",
+    ):
+        assert figure in out, out
