@@ -7,6 +7,10 @@ input (``answers``, which asks the pure ``decision.decide``). A container that d
 for GPUs is never failed: an internal error yields no changes and a log line. A container
 that asked for GPUs the node lacks is refused (``PluginError``). One log line per decision.
 
+A container given GPUs is also listed as a process on them while it runs (``workloads``):
+the start, stop and removal of containers are the other events it subscribes to, answered at
+once and handled after; they never fail or hold up a container.
+
 The process starts light so that it registers within milliseconds: ``warm_up``, run by the
 stub once registration is done (or by the first request, if that comes sooner), imports
 betterproto and the decision and loads the node layout.
@@ -27,24 +31,29 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gpumodel.mig_devices import GpuMig
+    from gpumodel.nodelayout import NodeLayout
     from nri_mokka import decision
     from nri_mokka.answers import Answers
     from nri_mokka.mig_view import MigView
     from nri_mokka.request import CreateRequest
     from nri_mokka.state_seq import StateSeq
+    from nri_mokka.workloads import Recorder
 
 log = Logger("mokka.plugin")
 
 
 class MokkaPlugin:
-    """Subscribes to CreateContainer only; reads the node layout host setup wrote.
+    """Decides at CreateContainer; lists GPU containers as processes from their start to their
+    stop or removal. Reads the node layout host setup wrote.
 
     ``settings`` are the command line's, in the plugin config's keys (``mode``,
     ``excludeNamespaces``, ``cdiDevices``, ``allocator``); a config string from containerd
     overrides them key by key.
     """
 
-    events = event_mask([EVENTS["CREATE_CONTAINER"]])
+    events = event_mask(
+        [EVENTS[e] for e in ("CREATE_CONTAINER", "POST_START_CONTAINER", "STOP_CONTAINER", "REMOVE_CONTAINER")]
+    )
 
     def __init__(self, root: str | os.PathLike[str], settings: Mapping[str, object] | None = None) -> None:
         self.root = os.fspath(root)
@@ -63,6 +72,9 @@ class MokkaPlugin:
         self._note: tuple[CreateRequest, str] | None = None  # the last decision, to be logged
         self._layout_file = f"{self.root}/node.json"  # a plain string: stat() on it per call is cheap
         self._stamp: tuple[int, int] | None = None
+        self.layout: NodeLayout | None = None
+        self._listed: dict[str, tuple[int, ...]] = {}  # container id -> PIDs listed as GPU processes
+        self._recorder: Recorder | None = None
 
     # -- stub interface --
 
@@ -122,6 +134,59 @@ class MokkaPlugin:
             self._note = None
             log.info("%s/%s/%s: %s", req.namespace, req.pod_name, req.container_name(), text)
 
+    def container_event(self, event: int, payload: bytes) -> None:
+        """A container started, stopped or was removed: list it on its GPUs, or take it off."""
+        try:
+            self._container_event(event, payload)
+        except Exception as exc:  # the container carries on regardless
+            log.error("GPU processes: event %d: %s: %s", event, type(exc).__name__, exc)
+
+    def _container_event(self, event: int, payload: bytes) -> None:
+        from nri_mokka import workloads
+
+        if self.config is None:
+            self.warm_up()
+        if self._layout_stamp() != self._stamp:
+            self._load_layout()
+        c = workloads.Event(event, payload)
+        layout = self.layout
+        what = f"{c.name} {c.container_id[:13]}"
+        if event == EVENTS["POST_START_CONTAINER"]:
+            gpus = workloads.gpus_of(c, layout) if layout is not None else []
+            if layout is None or not gpus:
+                return
+            if not c.pid:
+                log.info("GPU processes: %s started without a PID in the event; not listed", what)
+                return
+            if (c.visible or "").strip().lower() == "all":
+                # Monitoring agents ask for every GPU (dcgm-exporter, GPU Operator's operands) and
+                # hold no CUDA context: real GPUs do not list them either.
+                log.info("GPU processes: %s asks for NVIDIA_VISIBLE_DEVICES=all: not listed", what)
+                return
+            try:
+                mib = workloads.memory_mib(c.memory)
+            except ValueError as exc:
+                mib = workloads.DEFAULT_MEMORY_MIB
+                log.error("GPU processes: %s: %s; using %d MiB", what, exc, mib)
+            if mib == 0:
+                return  # mokka.io/gpu-memory: 0: not a GPU process
+            self._listed[c.container_id] = (c.pid,)
+            order = {"gpus": gpus, "name": c.process_name(), "mib": mib}
+            self._send("add", layout, what, [c.pid], order)
+            return
+        pids = set(self._listed.pop(c.container_id, ()))
+        if c.pid and layout is not None and workloads.gpus_of(c, layout):
+            pids.add(c.pid)  # a container started before this plugin process
+        if pids and layout is not None:
+            self._send("remove", layout, what, sorted(pids), {})
+
+    def _send(self, op: str, layout: NodeLayout, what: str, pids: list[int], extra: dict[str, object]) -> None:
+        if self._recorder is None:
+            from nri_mokka.workloads import Recorder
+
+            self._recorder = Recorder()
+        self._recorder.send({"op": op, "state": layout.state, "what": what, "pids": pids, **extra})
+
     # -- configuration and layout --
 
     def _apply_config(self) -> None:
@@ -173,6 +238,7 @@ class MokkaPlugin:
                 layout = NodeLayout.from_json(fh.read())
         except (OSError, ValueError, TypeError, KeyError) as exc:
             self.answers = None
+            self.layout = None
             self.layout_gpus = 0
             log.error(
                 "no usable node layout at %s (%s): containers pass untouched until "
@@ -201,6 +267,7 @@ class MokkaPlugin:
                 log.error("MIG layout unavailable: %s", exc)
                 self.mig = self._seq = None
         self.answers = Answers(layout, self.config, runtime_takes_cdi(*self.runtime), self._mig_now())
+        self.layout = layout
         self.layout_gpus = len(layout.gpus)
         log.info(
             "node layout %s: profile %s, %d GPUs; allocator %s",

@@ -69,5 +69,15 @@ def test_a_pods_gpus_carry_its_labels(cluster: Cluster, tmp_path: Path) -> None:
         assert held == sorted(uuids), series
         assert all(s.labels.get("namespace") == "default" for s in series if s.labels.get("pod") == "train")
         assert sum(1 for s in series if not s.labels.get("pod")) == 2, series
+
+        # The pod's container is a process on its two GPUs (the NRI plugin lists it): their memory
+        # used is its default 1024 MiB; the exporter itself (NVIDIA_VISIBLE_DEVICES=all) is none.
+        def used() -> dict[str, float]:
+            text = cluster.dcgm_metrics()
+            return {s.labels["UUID"]: s.value for s in dcgm_exporter.parse(text) if s.name == "DCGM_FI_DEV_FB_USED"}
+
+        fb = wait_for("the pod's memory on its GPUs", lambda: used() if sum(used().values()) else None, 30)
+        assert {u for u, mib in fb.items() if mib >= 1024} == set(uuids), fb
+        assert all(mib < 1024 for u, mib in fb.items() if u not in uuids), fb
     finally:
         core.delete_namespaced_pod("train", "default", grace_period_seconds=0)

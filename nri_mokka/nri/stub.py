@@ -66,6 +66,7 @@ PLUGIN_METHODS = {
     "Synchronize": ("SynchronizeRequest", "SynchronizeResponse"),
     "Shutdown": ("Empty", "Empty"),
     "CreateContainer": ("CreateContainerRequest", "CreateContainerResponse"),
+    "StopContainer": ("StopContainerRequest", "StopContainerResponse"),
     "StateChange": ("StateChangeEvent", "Empty"),
 }
 RUNTIME_METHODS = {"RegisterPlugin": ("RegisterPluginRequest", "Empty")}
@@ -117,6 +118,13 @@ if TYPE_CHECKING:
 
         # Optional: ``replied()``, called after each CreateContainer answer has been sent: the
         # place for what containerd need not wait for (the plugin's log line).
+        #
+        # Optional: ``container_event(event, payload)``, called for the other container events
+        # the plugin subscribes to, after they have been answered (nothing the plugin does can
+        # change or delay them): ``event`` is NRI's Event number; ``payload`` the raw
+        # StateChangeEvent (pod = 2, container = 3) or, for STOP_CONTAINER, the raw
+        # StopContainerRequest (pod = 1, container = 2). StopContainer is answered without
+        # container updates.
 
 
 def event_mask(events: list[int] | tuple[int, ...]) -> int:
@@ -323,6 +331,7 @@ class Stub:
             raise ValueError(f"{type(plugin).__name__} subscribes to no NRI event (and mask 0 would mean all)")
         self.events = events
         self._replied: Callable[[], None] | None = getattr(plugin, "replied", None)
+        self._container_event: Callable[[int, bytes], None] | None = getattr(plugin, "container_event", None)
         self.loop = loop or poll_loop.Loop()
         self.reconnect = reconnect
         self.on_ready = on_ready
@@ -512,5 +521,16 @@ class Stub:
         elif method == "Shutdown":
             log.info("%s: runtime is shutting down", self.full_name)
             conn.answer(sid, ttrpc.Code.OK)
-        else:  # StateChange: Mokka subscribes to none; answer anyway
+        elif method in ("StateChange", "StopContainer"):
+            conn.answer(sid, ttrpc.Code.OK)  # Empty; a StopContainerResponse without updates
+            if self._container_event is None:
+                return
+            event = EVENTS["STOP_CONTAINER"]
+            try:
+                if method == "StateChange":
+                    event = next((a for n, kind, a, _ in wire.fields(payload) if n == 1 and kind == wire.VARINT), 0)
+                self._container_event(event, payload)
+            except Exception as exc:  # an event is a notification: nothing to fail
+                log.error("%s: plugin failed on event %d: %s: %s", method, event, type(exc).__name__, exc)
+        else:
             conn.answer(sid, ttrpc.Code.OK)

@@ -76,6 +76,17 @@ class CreateContainerResponse(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class StopContainerRequest(betterproto.Message):
+    pod: "PodSandbox" = betterproto.message_field(1)
+    container: "Container" = betterproto.message_field(2)
+
+
+@dataclass(eq=False, repr=False)
+class StopContainerResponse(betterproto.Message):
+    update: List["ContainerUpdate"] = betterproto.message_field(1)
+
+
+@dataclass(eq=False, repr=False)
 class StateChangeEvent(betterproto.Message):
     event: "Event" = betterproto.enum_field(1)
     pod: "PodSandbox" = betterproto.message_field(2)
@@ -100,8 +111,10 @@ class Container(betterproto.Message):
     annotations: Dict[str, str] = betterproto.map_field(
         6, betterproto.TYPE_STRING, betterproto.TYPE_STRING
     )
+    args: List[str] = betterproto.string_field(7)
     env: List[str] = betterproto.string_field(8)
     linux: "LinuxContainer" = betterproto.message_field(11)
+    pid: int = betterproto.uint32_field(12)
 
 
 @dataclass(eq=False, repr=False)

@@ -1,0 +1,253 @@
+"""Containers given GPUs as processes on those GPUs: what NVML lists, follows the workloads.
+
+At POST_START_CONTAINER the plugin reads, from the event's raw bytes (``Event``), the
+container's id, its init process (the host's PID, NRI's ``Container.pid``), its command
+(``args[0]``, what NVML names the process by) and the GPUs it was given, re-derived from what
+the container carries (its ``/dev/nvidiaN`` device nodes, else ``NVIDIA_VISIBLE_DEVICES``), so
+that a plugin restarted since CreateContainer still knows them. The memory it uses per GPU is
+the annotation ``mokka.io/gpu-memory`` (MiB; ``Gi``/``GiB`` and ``Mi``/``MiB`` suffixes; the
+container's, else the pod's; default ``gpumodel.processes.DEFAULT_MEMORY_MIB``). At
+STOP_CONTAINER and REMOVE_CONTAINER its entries are taken off again (by the PIDs recorded at
+start, and the event's own PID when it carries one).
+
+The state is written by a helper process (``Recorder``: ``python -m nri_mokka.workloads``,
+started at the first event and fed one JSON line per change on a pipe): the plugin process
+never loads cffi or the profile model, and its loop, which answers CreateContainer, never
+waits for a state update. The helper applies the changes in order, logs one line each and
+exits when the plugin process goes (its pipe closes). Nothing here can fail a container:
+whatever goes wrong is one log line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from nri_mokka.log import Logger
+from nri_mokka.nri import wire
+
+# typing is not imported at run time (mypy reads TYPE_CHECKING as true): the plugin starts faster.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Mapping
+    from typing import Any
+
+    from gpumodel.nodelayout import NodeLayout
+
+__all__ = ["ANNOTATION_MEMORY", "Event", "Recorder", "gpus_of", "main", "memory_mib"]
+
+log = Logger("mokka.workloads")
+
+ANNOTATION_MEMORY = "mokka.io/gpu-memory"  # MiB per GPU the container's processes use
+DEFAULT_MEMORY_MIB = 1024  # gpumodel.processes.DEFAULT_MEMORY_MIB (checked by the tests)
+STOP_CONTAINER = 10  # NRI's Event: its payload is a StopContainerRequest, not a StateChangeEvent
+# StateChangeEvent: pod 2, container 3; StopContainerRequest: pod 1, container 2
+EVENT_POD, EVENT_CONTAINER = 2, 3
+STOP_POD, STOP_CONTAINER_FIELD = 1, 2
+# PodSandbox, Container (api.proto)
+POD_ANNOTATIONS = 6
+CONTAINER_ID = 1
+CONTAINER_NAME = 3
+CONTAINER_ANNOTATIONS = 6
+CONTAINER_ARGS = 7
+CONTAINER_ENV = 8
+CONTAINER_LINUX = 11
+CONTAINER_PID = 12
+LINUX_DEVICES = 2
+DEVICE_PATH = 1
+MAP_KEY, MAP_VALUE = 1, 2
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+DEVICE_PREFIX = "/dev/nvidia"
+
+
+class Event:
+    """What a container event says about the container, read from its raw bytes."""
+
+    __slots__ = ("args0", "container_id", "devices", "memory", "name", "pid", "visible")
+
+    def __init__(self, event: int, payload: bytes) -> None:
+        pod_field, container_field = (
+            (STOP_POD, STOP_CONTAINER_FIELD) if event == STOP_CONTAINER else (EVENT_POD, EVENT_CONTAINER)
+        )
+        self.container_id = self.name = self.args0 = ""
+        self.pid = 0
+        self.visible: str | None = None
+        self.devices: list[int] = []  # minors of the /dev/nvidiaN device nodes
+        pod_memory: str | None = None
+        memory: str | None = None
+        for number, kind, a, b in wire.fields(payload):
+            if kind != wire.LEN:
+                continue
+            if number == pod_field:
+                for n, k, x, y in wire.fields(payload, a, b):
+                    if n == POD_ANNOTATIONS and k == wire.LEN:
+                        pod_memory = _entry(payload, x, y, ANNOTATION_MEMORY, pod_memory)
+            elif number == container_field:
+                memory = self._container(payload, a, b)
+        self.memory = memory if memory is not None else pod_memory
+
+    def _container(self, data: bytes, a: int, b: int) -> str | None:
+        memory = None
+        for n, kind, x, y in wire.fields(data, a, b):
+            if kind == wire.VARINT:
+                if n == CONTAINER_PID:
+                    self.pid = x
+                continue
+            if kind != wire.LEN:
+                continue
+            if n == CONTAINER_ID:
+                self.container_id = data[x:y].decode(errors="replace")
+            elif n == CONTAINER_NAME:
+                self.name = data[x:y].decode(errors="replace")
+            elif n == CONTAINER_ARGS and not self.args0:
+                self.args0 = data[x:y].decode(errors="replace")
+            elif n == CONTAINER_ANNOTATIONS:
+                memory = _entry(data, x, y, ANNOTATION_MEMORY, memory)
+            elif n == CONTAINER_ENV:
+                key, _, value = data[x:y].decode(errors="replace").partition("=")
+                if key == VISIBLE_DEVICES:
+                    self.visible = value  # the last one set wins, as in the process's environment
+            elif n == CONTAINER_LINUX:
+                for m, k, p, q in wire.fields(data, x, y):
+                    if m == LINUX_DEVICES and k == wire.LEN:
+                        path = wire.first(data, DEVICE_PATH, p, q)
+                        text = data[path[0] : path[1]].decode(errors="replace") if path else ""
+                        minor = text[len(DEVICE_PREFIX) :]
+                        if text.startswith(DEVICE_PREFIX) and minor.isdigit():
+                            self.devices.append(int(minor))
+        return memory
+
+    def process_name(self) -> str:
+        """What NVML names the process by: the command it runs, else its comm, else the container's name."""
+        if self.args0:
+            return self.args0
+        if self.pid:
+            try:
+                with open(f"/proc/{self.pid}/comm") as fh:
+                    return fh.read().strip() or self.name
+            except OSError:
+                pass
+        return self.name
+
+
+def _entry(data: bytes, a: int, b: int, wanted: str, current: str | None) -> str | None:
+    key, value = "", ""
+    for n, kind, x, y in wire.fields(data, a, b):
+        if kind == wire.LEN:
+            if n == MAP_KEY:
+                key = data[x:y].decode(errors="replace")
+            elif n == MAP_VALUE:
+                value = data[x:y].decode(errors="replace")
+    return value if key == wanted else current
+
+
+def gpus_of(event: Event, layout: NodeLayout) -> list[int]:
+    """The indices of the GPUs the container was given: its device nodes, else the GPUs its
+    ``NVIDIA_VISIBLE_DEVICES`` names (a MIG device counts as its GPU; unknown names are skipped)."""
+    if event.devices:
+        by_minor = {g.minor: g.index for g in layout.gpus}
+        return sorted({by_minor[m] for m in event.devices if m in by_minor})
+    value = (event.visible or "").strip()
+    if value in ("", "void", "none"):
+        return []
+    if value == "all":
+        return [g.index for g in layout.gpus]
+    found: set[int] = set()
+    for name in (v.strip() for v in value.split(",")):
+        gpu = name.partition(":")[0]  # "<gpu>:<mig>": the MIG device's GPU
+        found.update(g.index for g in layout.gpus if gpu in (str(g.index), g.uuid))
+    return sorted(found)
+
+
+def memory_mib(value: str | None) -> int:
+    """The annotation's MiB (``2048``, ``2048Mi``, ``2Gi``); ValueError for anything else."""
+    if value is None:
+        return DEFAULT_MEMORY_MIB
+    text = value.strip()
+    scale = 1
+    for suffix, factor in (("GiB", 1024), ("Gi", 1024), ("MiB", 1), ("Mi", 1)):
+        if text.endswith(suffix):
+            text, scale = text[: -len(suffix)].strip(), factor
+            break
+    if not text.isdigit():
+        raise ValueError(f"{ANNOTATION_MEMORY}: {value!r} is not a size in MiB (e.g. 2048, 2048Mi, 2Gi)")
+    return int(text) * scale
+
+
+class Recorder:
+    """The helper process that writes the changes into the state, in order."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def send(self, order: dict[str, object]) -> None:
+        """Queue one change (``add`` or ``remove``); dropped with a log line if the helper is stuck."""
+        line = json.dumps(order, separators=(",", ":")).encode() + b"\n"
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            sent = os.write(self.proc.stdin.fileno(), line)  # below PIPE_BUF: all or nothing
+        except (BlockingIOError, BrokenPipeError) as exc:
+            log.error("GPU processes: the recorder takes no more (%s); dropped %s", type(exc).__name__, order)
+            return
+        if sent != len(line):
+            log.error("GPU processes: short write to the recorder; dropped %s", order)
+
+    def _start(self) -> None:
+        import subprocess
+
+        if self.proc is not None:
+            log.error("GPU processes: the recorder exited (%s); starting another", self.proc.returncode)
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nri_mokka.workloads"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            close_fds=True,
+        )
+        assert self.proc.stdin is not None
+        os.set_blocking(self.proc.stdin.fileno(), False)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.stdin is not None:
+            self.proc.stdin.close()
+
+
+def apply(order: Mapping[str, Any]) -> str:
+    """Carry out one change; return its log line."""
+    from pathlib import Path
+
+    from gpumodel import processes
+
+    path = Path(str(order["state"]))
+    pids = [int(p) for p in order["pids"]]
+    listed = ",".join(map(str, pids))
+    what = str(order.get("what", ""))
+    if order["op"] == "add":
+        gpus = [int(g) for g in order["gpus"]]
+        mib = int(order["mib"])
+        n = processes.add(path, gpus, pids, str(order["name"]), mib)
+        on = ",".join(map(str, gpus))
+        return f"{what}: pid {listed} ({order['name']}) on GPUs {on}, {mib} MiB each ({n} entries)"
+    n = processes.remove(path, pids)
+    return f"{what}: pid {listed} off the GPUs ({n} entries)"
+
+
+def main() -> int:
+    """The helper: one JSON change per line on stdin, until it closes."""
+    for line in sys.stdin.buffer:
+        try:
+            log.info("%s", apply(json.loads(line)))
+        except Exception as exc:  # one change that cannot be made must not stop the others
+            log.error("GPU processes: %s: %s (%s)", type(exc).__name__, exc, line.decode(errors="replace").strip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
