@@ -180,6 +180,15 @@ def test_faults_show_at_the_next_scrape(fault_node: Callable[..., FaultNode], se
     assert health(lost, 3, "PCIE") == (20, "DCGM_FR_FALLEN_OFF_BUS")
 
 
+def test_a_container_sees_only_its_gpus(stage: Callable[..., Staged], serve: Serve) -> None:
+    """DCGM sees the GPUs NVML sees: in a container given GPUs 1 and 3, those two, numbered 0 and 1."""
+    staged = stage("h100", 8)
+    uuids = [d.uuid for d in staged.profile.devices()]
+    with serve(staged.libdir, NVIDIA_VISIBLE_DEVICES="1,3") as exporter:
+        series = by_gpu(exporter.scrape(), "DCGM_FI_DEV_GPU_TEMP")
+    assert {g: s.labels["UUID"] for g, s in series.items()} == {0: uuids[1], 1: uuids[3]}
+
+
 MIG_LAYOUT = [{"profile": "3g.40gb"}, {"profile": "1g.10gb"}]
 
 
