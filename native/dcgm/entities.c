@@ -79,6 +79,13 @@ void mokka_dcgm_poll_events(void) {
     pthread_mutex_unlock(&g_dcgm.lock);
 }
 
+const char *mokka_dcgm_brand(nvmlBrandType_t brand) {
+    static const char *names[] = {"Unknown", "Quadro", "Tesla", "NVS", "Grid", "GeForce", "Titan", "NVIDIA vApps",
+                                  "NVIDIA vPC", "NVIDIA vCS", "NVIDIA vWS", "NVIDIA Cloud Gaming", "Quadro RTX",
+                                  "NVIDIA RTX", "NVIDIA", "GeForce RTX", "Titan RTX"};
+    return (unsigned)brand < sizeof names / sizeof *names ? names[brand] : "Unknown";
+}
+
 int mokka_dcgm_entity_exists(dcgm_field_entity_group_t group, unsigned id) {
     switch (group) {
     case DCGM_FE_GPU: return id < g_dcgm.gpu_count;
@@ -189,12 +196,8 @@ EXPORT dcgmReturn_t dcgmGetDeviceAttributes(dcgmHandle_t handle, unsigned gpu, d
     char s[DCGM_MAX_STR_LENGTH];
     id->version = dcgmDeviceIdentifiers_version1;
     nvmlBrandType_t brand;
-    static const char *brands[] = {"Unknown", "Quadro", "Tesla", "NVS", "Grid", "GeForce", "Titan", "NVIDIA vApps",
-                                   "NVIDIA vPC", "NVIDIA vCS", "NVIDIA vWS", "NVIDIA Cloud Gaming", "Quadro RTX",
-                                   "NVIDIA RTX", "NVIDIA", "GeForce RTX", "Titan RTX"};
     nvmlReturn_t r = NVML(nvmlDeviceGetBrand)(d, &brand);
-    copy_string(id->brandName, sizeof id->brandName, r,
-                r == NVML_SUCCESS && (unsigned)brand < sizeof brands / sizeof *brands ? brands[brand] : "Unknown");
+    copy_string(id->brandName, sizeof id->brandName, r, mokka_dcgm_brand(brand));
     r = NVML(nvmlDeviceGetName)(d, s, sizeof s);
     copy_string(id->deviceName, sizeof id->deviceName, r, s);
     nvmlPciInfo_t pci;
@@ -238,12 +241,9 @@ EXPORT dcgmReturn_t dcgmGetDeviceAttributes(dcgmHandle_t handle, unsigned gpu, d
     return DCGM_ST_OK;
 }
 
-/* The GPUs a GPU's NVLinks reach, as DCGM's topology counts them: links to a GPU directly, or
- * through NVSwitches (a switched fabric reaches every other GPU over all of its active links). */
-static unsigned active_links(nvmlDevice_t d, unsigned *mask, int *switched, char remote[][32]) {
-    unsigned n = 0;
-    *mask = 0;
-    *switched = 0;
+/* The GPU's active NVLinks (a bit per link) and the PCI bus ID each one's far end has. */
+static unsigned active_links(nvmlDevice_t d, char remote[][32]) {
+    unsigned mask = 0;
     for (unsigned l = 0; l < DCGM_NVLINK_MAX_LINKS_PER_GPU; l++) {
         nvmlEnableState_t active;
         remote[l][0] = 0;
@@ -251,12 +251,14 @@ static unsigned active_links(nvmlDevice_t d, unsigned *mask, int *switched, char
         nvmlPciInfo_t pci;
         if (NVML(nvmlDeviceGetNvLinkRemotePciInfo_v2)(d, l, &pci) == NVML_SUCCESS)
             snprintf(remote[l], 32, "%s", pci.busId);
-        *mask |= 1u << l;
-        n++;
+        mask |= 1u << l;
     }
-    return n;
+    return mask;
 }
 
+/* Paths to the other GPUs as DCGM's topology counts them: the PCIe level of their common ancestor,
+ * and the NVLinks that reach each one, directly or through NVSwitches (a switched fabric reaches
+ * every other GPU over all of the GPU's active links). */
 EXPORT dcgmReturn_t dcgmGetDeviceTopology(dcgmHandle_t handle, unsigned gpu, dcgmDeviceTopology_v1 *t) {
     (void)handle;
     if (!t) return DCGM_ST_BADPARAM;
@@ -266,15 +268,22 @@ EXPORT dcgmReturn_t dcgmGetDeviceTopology(dcgmHandle_t handle, unsigned gpu, dcg
     t->version = dcgmDeviceTopology_version1;
     NVML(nvmlDeviceGetCpuAffinity)(d, DCGM_AFFINITY_BITMASK_ARRAY_SIZE, t->cpuAffinityMask);
     char remote[DCGM_NVLINK_MAX_LINKS_PER_GPU][32];
-    unsigned mask;
-    int switched;
-    active_links(d, &mask, &switched, remote);
+    unsigned mask = active_links(d, remote);
+    char bus[DCGM_MAX_NUM_DEVICES][32]; /* every GPU's bus ID, read once */
+    int to_gpus = 0;                    /* some link ends at a GPU: not a switched fabric */
+    for (unsigned k = 0; k < g_dcgm.gpu_count; k++) {
+        nvmlPciInfo_t pci;
+        bus[k][0] = 0;
+        if (NVML(nvmlDeviceGetPciInfo_v3)(g_dcgm.gpus[k].device, &pci) == NVML_SUCCESS)
+            snprintf(bus[k], sizeof bus[k], "%s", pci.busId);
+        for (unsigned l = 0; l < DCGM_NVLINK_MAX_LINKS_PER_GPU; l++)
+            to_gpus |= (mask >> l & 1) && bus[k][0] && !strcmp(bus[k], remote[l]);
+    }
     for (unsigned other = 0; other < g_dcgm.gpu_count; other++) {
         if (other == gpu) continue;
-        nvmlDevice_t o = g_dcgm.gpus[other].device;
         nvmlGpuTopologyLevel_t level;
         unsigned path = 0;
-        if (NVML(nvmlDeviceGetTopologyCommonAncestor)(d, o, &level) == NVML_SUCCESS) {
+        if (NVML(nvmlDeviceGetTopologyCommonAncestor)(d, g_dcgm.gpus[other].device, &level) == NVML_SUCCESS) {
             path = level == NVML_TOPOLOGY_INTERNAL     ? DCGM_TOPOLOGY_BOARD
                    : level == NVML_TOPOLOGY_SINGLE     ? DCGM_TOPOLOGY_SINGLE
                    : level == NVML_TOPOLOGY_MULTIPLE   ? DCGM_TOPOLOGY_MULTIPLE
@@ -282,21 +291,10 @@ EXPORT dcgmReturn_t dcgmGetDeviceTopology(dcgmHandle_t handle, unsigned gpu, dcg
                    : level == NVML_TOPOLOGY_NODE       ? DCGM_TOPOLOGY_CPU
                                                        : DCGM_TOPOLOGY_SYSTEM;
         }
-        /* Links that end at the other GPU; on a switched board (links end at NVSwitches) all of them. */
-        nvmlPciInfo_t opci;
         unsigned links = 0;
-        if (NVML(nvmlDeviceGetPciInfo_v3)(o, &opci) == NVML_SUCCESS) {
-            int to_gpus = 0;
-            for (unsigned l = 0; l < DCGM_NVLINK_MAX_LINKS_PER_GPU; l++) {
-                if (!(mask >> l & 1)) continue;
-                for (unsigned k = 0; k < g_dcgm.gpu_count; k++) {
-                    nvmlPciInfo_t kp;
-                    if (NVML(nvmlDeviceGetPciInfo_v3)(g_dcgm.gpus[k].device, &kp) == NVML_SUCCESS &&
-                        !strcmp(kp.busId, remote[l]))
-                        to_gpus = 1;
-                }
-                if (!strcmp(remote[l], opci.busId)) links |= 1u << l;
-            }
+        if (bus[other][0]) {
+            for (unsigned l = 0; l < DCGM_NVLINK_MAX_LINKS_PER_GPU; l++)
+                if ((mask >> l & 1) && !strcmp(remote[l], bus[other])) links |= 1u << l;
             if (!to_gpus) links = mask;
         }
         unsigned nlinks = (unsigned)__builtin_popcount(links);

@@ -153,6 +153,8 @@ dcgmReturn_t mokka_dcgm_from_nvml(nvmlReturn_t r);
 /* entities.c: (re)discover GPUs and MIG instances; whether an entity exists. */
 dcgmReturn_t mokka_dcgm_discover(void);
 int mokka_dcgm_entity_exists(dcgm_field_entity_group_t group, unsigned id);
+/* DCGM's name of an NVML brand ("Tesla", "NVIDIA", ...). */
+const char *mokka_dcgm_brand(nvmlBrandType_t brand);
 /* Drain pending Xid events into the GPUs' last_xid. */
 void mokka_dcgm_poll_events(void);
 

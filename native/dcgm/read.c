@@ -167,13 +167,9 @@ static void read_gpu_field(sink_t *s, unsigned gpu, nvmlDevice_t d, unsigned sho
     nvmlEnableState_t on, pending;
     switch (field) {
     case 51: {
-        static const char *brands[] = {"Unknown", "Quadro", "Tesla", "NVS", "Grid", "GeForce", "Titan",
-                                       "NVIDIA vApps", "NVIDIA vPC", "NVIDIA vCS", "NVIDIA vWS",
-                                       "NVIDIA Cloud Gaming", "Quadro RTX", "NVIDIA RTX", "NVIDIA", "GeForce RTX",
-                                       "Titan RTX"};
         nvmlBrandType_t b;
         r = NVML(nvmlDeviceGetBrand)(d, &b);
-        return put_str(s, r, r == NVML_SUCCESS && (unsigned)b < sizeof brands / sizeof *brands ? brands[b] : "Unknown");
+        return put_str(s, r, mokka_dcgm_brand(b));
     }
     case 52: r = NVML(nvmlDeviceGetIndex)(d, &v); return put_i64(s, r, v);
     case 53: r = NVML(nvmlDeviceGetSerial)(d, str, sizeof str); return put_str(s, r, str);
