@@ -15,6 +15,8 @@ ARTIFACTS = [
     "build/libdcgm.so",
     "build/libmokka-state.so",
     "build/libmokka-sysfs.so",
+    "build/nvidia-imex",
+    "build/nvidia-imex-ctl",
     "mokka_state.h",
 ]
 

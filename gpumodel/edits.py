@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .mig_devices import MigDevice
+from .mig_devices import FABRIC_IMEX_MINOR, MigDevice
 from .nodelayout import GpuNode, NodeLayout
 
 READ_ONLY = ("ro", "nosuid", "nodev", "bind")
@@ -62,6 +62,20 @@ def control_nodes(layout: NodeLayout) -> list[DeviceNode]:
         DeviceNode("/dev/nvidia-uvm", layout.uvm_major, 0, f"{dev}/nvidia-uvm"),
         DeviceNode("/dev/nvidia-uvm-tools", layout.uvm_major, 1, f"{dev}/nvidia-uvm-tools"),
         DeviceNode("/dev/nvidia-modeset", layout.gpu_major, 254, f"{dev}/nvidia-modeset"),
+    ]
+
+
+def imex_nodes(layout: NodeLayout) -> list[DeviceNode]:
+    """IMEX channel 0 (what the driver's NVreg_CreateImexChannel0 makes; a DRA driver hands out
+    others by number) and the fabric-imex-mgmt capability, root's alone like the driver's."""
+    if layout.imex_major is None or layout.imex_caps_major is None:
+        return []
+    dev = layout.dev_root
+    channel = "nvidia-caps-imex-channels/channel0"
+    cap = f"nvidia-caps/nvidia-cap{FABRIC_IMEX_MINOR}"
+    return [
+        DeviceNode(f"/dev/{channel}", layout.imex_major, 0, f"{dev}/{channel}"),
+        DeviceNode(f"/dev/{cap}", layout.imex_caps_major, FABRIC_IMEX_MINOR, f"{dev}/{cap}", file_mode=0o400),
     ]
 
 

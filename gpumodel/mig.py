@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .mig_devices import FABRIC_IMEX_MINOR as FABRIC_IMEX_MINOR
 from .mig_devices import MAX_CI_ID as MAX_CI_ID
 from .mig_devices import MAX_GI_ID as MAX_GI_ID
 from .mig_devices import MAX_GPUS_IN_MINORS as MAX_GPUS_IN_MINORS

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 MAX_GI_ID = 14  # /proc/driver/nvidia-caps/mig-minors enumerates gi0..gi14
 MAX_CI_ID = 7
 MAX_GPUS_IN_MINORS = 32  # mig-minors enumerates gpu0..gpu31
+# The fabric-imex-mgmt capability (IMEX daemons): the minor after every MIG one, 3 + 135 * 32.
+FABRIC_IMEX_MINOR = 4323
 
 
 def cap_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:

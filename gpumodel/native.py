@@ -17,6 +17,7 @@ CUDA_LIBRARY = "libcuda.so"
 DCGM_LIBRARY = "libdcgm.so"
 STATE_WRITER = "libmokka-state.so"  # the live-state writer gpumodel.state loads
 SYSFS_SHIM = "libmokka-sysfs.so"
+IMEX_TOOLS = ("nvidia-imex", "nvidia-imex-ctl")  # the mock IMEX daemon and its query tool (driver root's usr/bin)
 
 
 class NativeMissing(FileNotFoundError):

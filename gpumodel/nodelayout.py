@@ -46,6 +46,14 @@ class NodeLayout:
     machine: str = "x86_64"  # the node's architecture (uname -m): picks the library directory in containers
     caps_major: int | None = None  # /dev/nvidia-caps (MIG); None: no MIG-capable GPU, or an older Mokka's layout
     kernel_log: str | None = None  # staged kernel log (Xid lines of injected faults); None: an older Mokka
+    # IMEX: the nvidia-caps-imex-channels major of /dev/nvidia-caps-imex-channels/channel<N>, the
+    # nvidia-caps major of fabric-imex-mgmt (/dev/nvidia-caps/nvidia-cap4323), the staged
+    # /proc/devices naming both (NVIDIA's DRA driver reads it as ALT_PROC_DEVICES_PATH) and the
+    # mock nvidia-imex, nvidia-imex-ctl; None: an older Mokka's layout
+    imex_major: int | None = None
+    imex_caps_major: int | None = None
+    proc_devices: str | None = None
+    imex_tools: str | None = None  # the directory holding nvidia-imex and nvidia-imex-ctl
     extra: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:

@@ -15,10 +15,14 @@ Layout under ROOT (default /var/lib/mokka)::
     driver/usr/lib64/libcuda.so.<ver> (+ .so.1, .so)        the mock CUDA driver API
     driver/usr/lib64/libdcgm.so.4 (+ .so)                  the mock DCGM (dcgm-exporter), read through that NVML
     driver/usr/bin/nvidia-smi                                the nvidia-smi binary given
+    driver/usr/bin/nvidia-imex, nvidia-imex-ctl              the mock IMEX daemon and its query tool
     driver/var/log/kern.log                                  the driver's Xid lines of injected faults (`mokka fault`)
     dev/nvidia0..N-1, nvidiactl, nvidia-uvm, ...             device nodes
     dev/nvidia-caps/nvidia-cap<N>                            MIG capabilities (MIG-capable GPUs)
+    dev/nvidia-caps-imex-channels/channel0                   IMEX channel 0 (NVLink-fabric boards)
+    dev/nvidia-caps/nvidia-cap4323                           fabric-imex-mgmt, the IMEX daemon's (same boards)
     proc/driver/nvidia/..., proc/modules                     driver's procfs files
+    proc/devices                                             the driver's majors (NVIDIA DRA's ALT_PROC_DEVICES_PATH)
     sys/...                                                  PCI sysfs tree, /sys/module/nvidia
     lib/libmokka-sysfs.so                                    LD_PRELOAD redirect for C tools
     node.json                                                the layout the plugin and CDI read
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpumodel import driver_root, edits, mig, mig_state, nodelayout, state
-from gpumodel.native import NativeMissing, library_path
+from gpumodel.native import IMEX_TOOLS, NativeMissing, library_path
 from gpumodel.profile import Profile
 
 from . import majors, sysfs
@@ -114,6 +118,7 @@ def plan(profile: Profile, options: Options) -> Plan:
     try:
         staged = driver_root.contents(profile)
         numbers = majors.choose(options.majors, options.proc_devices)
+        imex_tools = {name: library_path(name).read_bytes() for name in IMEX_TOOLS}
     except (state.StateError, NativeMissing, majors.MajorError) as exc:
         raise SetupError(str(exc)) from None
     shim: Path | None
@@ -142,6 +147,10 @@ def plan(profile: Profile, options: Options) -> Plan:
         machine=machine,
         caps_major=numbers.caps if mig_boards else None,
         kernel_log=str(root / "driver" / "var" / "log" / "kern.log"),
+        imex_major=numbers.imex,
+        imex_caps_major=numbers.caps,
+        proc_devices=str(root / "proc" / "devices"),
+        imex_tools=str(root / "driver" / "usr" / "bin"),
     )
     p = Plan(profile, options, layout)
 
@@ -174,6 +183,12 @@ def plan(profile: Profile, options: Options) -> Plan:
 
         p.steps.append(Step(f"nvidia-smi from {smi_src} -> {layout.nvidia_smi}", smi))
 
+    def imex(j: Journal) -> None:
+        for name, data in imex_tools.items():
+            j.write(root / "driver" / "usr" / "bin" / name, data, 0o755)
+
+    p.steps.append(Step(f"mock IMEX daemon and query tool -> {layout.imex_tools}: {', '.join(IMEX_TOOLS)}", imex))
+
     def kernel_log(j: Journal) -> None:
         # Created empty so containers can mount it; a re-run keeps what faults logged.
         assert layout.kernel_log is not None
@@ -197,6 +212,21 @@ def plan(profile: Profile, options: Options) -> Plan:
         )
     )
 
+    # Boards on an NVLink fabric (IMEX's reach): channel 0 and the IMEX daemon's capability node,
+    # as a node set up for IMEX has them; every node's /proc/devices names both majors.
+    if all(d.spec.fabric.state != "Not Supported" for d in devices):
+
+        def imex_nodes(j: Journal) -> None:
+            j.mknods((Path(n.host_path), n.major, n.minor, n.file_mode) for n in edits.imex_nodes(layout))
+
+        p.steps.append(
+            Step(
+                f"IMEX nodes under {layout.dev_root}: nvidia-caps-imex-channels/channel0 (major {numbers.imex}), "
+                f"nvidia-caps/nvidia-cap{mig.FABRIC_IMEX_MINOR} (fabric-imex-mgmt, major {numbers.caps})",
+                imex_nodes,
+            )
+        )
+
     if mig_boards:
         caps = [1, 2] + [
             mig.cap_minor(minor, gi, ci) for minor, board in mig_boards.items() for gi, ci in mig.instance_ids(board)
@@ -215,6 +245,7 @@ def plan(profile: Profile, options: Options) -> Plan:
         )
 
     tree, empty = sysfs.files(profile), sysfs.directories(profile)
+    tree[Path("proc/devices")] = majors.proc_devices_text(numbers).encode()
 
     def trees(j: Journal) -> None:
         for top in sysfs.TOPS:
@@ -223,7 +254,7 @@ def plan(profile: Profile, options: Options) -> Plan:
     p.steps.append(
         Step(
             f"procfs and sysfs trees under {root}/proc and {root}/sys: /proc/driver/nvidia, "
-            "/proc/modules, PCI functions, /sys/module/nvidia",
+            "/proc/modules, /proc/devices, PCI functions, /sys/module/nvidia",
             trees,
         )
     )

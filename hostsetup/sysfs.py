@@ -9,6 +9,7 @@
     root/sys/module/nvidia{,_uvm,_modeset,_drm}/           version, initstate, taint, refcnt
     root/proc/driver/nvidia/           version, params, registry, capabilities/ (MIG: config, monitor,
                                        the access files of declared instances), gpus/<bus id>/information
+                                       and fabric-imex-mgmt (the IMEX daemons' capability)
     root/proc/driver/nvidia-caps/mig-minors   every MIG capability minor, as the driver lists them
     root/proc/modules                  the four nvidia modules as /proc/modules lines
     root/sys/class/dmi/id/             the machine's DMI names (GFD's ``nvidia.com/gpu.machine``)
@@ -463,6 +464,9 @@ def files(profile: Profile) -> dict[Path, bytes | Link]:
     text(proc / "registry", 'Binary: ""\n')
     text(proc / "capabilities/mig/config", "DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
     text(proc / "capabilities/mig/monitor", "DeviceFileMinor: 2\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    # IMEX daemons' capability (NVIDIA's DRA driver reads it for a ComputeDomain daemon's claim)
+    imex_mgmt = f"DeviceFileMinor: {mig.FABRIC_IMEX_MINOR}\nDeviceFileMode: 256\nDeviceFileModify: 1\n"
+    text(proc / "capabilities/fabric-imex-mgmt", imex_mgmt)
     # MIG: every capability the driver could hand out (what the device plugin and the container
     # toolkit read), and the access files of the GPU and compute instances the profile declares
     text("proc/driver/nvidia-caps/mig-minors", mig.mig_minors_text())

@@ -173,7 +173,8 @@ def test_rerun_without_an_option_undoes_what_it_staged(tmp_path: Path, smi_binar
     node.apply(node.plan(profile.load("t4"), with_all))
     assert (root / "driver/usr/bin/nvidia-smi").exists() and os.readlink(run / "driver") == str(root / "driver")
     node.apply(node.plan(profile.load("t4"), node.Options(root=root)))
-    assert not (root / "driver/usr/bin").exists()
+    # usr/bin keeps only what every node has: the mock IMEX tools
+    assert sorted(p.name for p in (root / "driver/usr/bin").iterdir()) == ["nvidia-imex", "nvidia-imex-ctl"]
     assert os.readlink(run / "driver") == "/opt/old-driver" and not (run / "validations").exists()
     assert nodelayout.NodeLayout.load(root).nvidia_smi is None
 
@@ -184,15 +185,16 @@ def test_uvm_major_is_the_one_the_kernel_would_hand_out(tmp_path: Path) -> None:
     devices = tmp_path / "devices"
     lines = ["Character devices:", "  1 mem", "195 nvidia-frontend-elsewhere"]
     devices.write_text("\n".join([*lines, "", "Block devices:", "254 virtblk", ""]))
-    # block majors do not count; nvidia-caps (MIG) takes the next dynamic major after nvidia-uvm's
-    assert majors.choose("real", devices) == majors.Majors(195, 254, "real", 253)
+    # block majors do not count; nvidia-caps (MIG) takes the next dynamic major after nvidia-uvm's,
+    # nvidia-caps-imex-channels the one after that
+    assert majors.choose("real", devices) == majors.Majors(195, 254, "real", 253, 252)
     taken = [f"{m} drv{m}" for m in range(245, 255)] + ["509 late"]  # 509 % 255 = 254: that slot too
     devices.write_text("\n".join(["Character devices:", *taken, ""]))
     assert majors.choose("real", devices).uvm == 244
     devices.write_text("\n".join(["Character devices:", *[f"{m} d" for m in range(234, 255)], ""]))
     assert majors.choose("real", devices).uvm == 511
     devices.write_text("Character devices:\n195 nvidia\n510 nvidia-uvm\n")
-    assert majors.choose("auto", devices) == majors.Majors(120, 121, "safe", 122)  # a real driver is loaded
+    assert majors.choose("auto", devices) == majors.Majors(120, 121, "safe", 122, 123)  # a real driver is loaded
     plan = node.plan(profile.load("t4"), node.Options(root=tmp_path / "root", majors="real", proc_devices=devices))
     assert (plan.layout.gpu_major, plan.layout.uvm_major) == (195, 254)
 
