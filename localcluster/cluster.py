@@ -37,7 +37,7 @@ from testbed import containerd_dist, debcache, gotool, kubelet_api, nvidia_smi
 from testbed.kube import binaries, versions
 from testbed.kube.gobuild import BuildError
 
-from . import cgroups, config, fgo, forward, gpustack, images, namespace, netns, process, virtualpools
+from . import cgroups, config, fgo, forward, gpustack, images, namespace, netns, nvidia_dra, process, virtualpools
 from .config import Layout, NodePorts, Ports
 from .fgo import FgoSpec
 from .node import Node, new_record
@@ -59,7 +59,7 @@ class Options:
     base: Path = DEFAULT_BASE
     profile: str = "h100"
     gpus: int | None = None
-    allocator: str = "device-plugin"  # device-plugin | dra | none
+    allocator: str = "device-plugin"  # device-plugin | dra | nvidia-dra | none
     device_list_strategy: str = "envvar"  # the device plugin's: envvar | cdi-cri | cdi-annotations
     cache: Path | None = None
     keep_on_failure: bool = False  # leave a failed cluster running for inspection (then `down`)
@@ -432,7 +432,9 @@ class Cluster:
             check_total(options.virtual, sum(f.count for f in options.fgo))
             if options.fgo:
                 fgo.find_binaries(options.cache or debcache.default_cache())
-        except (ValueError, fgo.FgoError) as exc:
+            if options.allocator == "nvidia-dra":
+                nvidia_dra.binaries(options.cache or debcache.default_cache())
+        except (ValueError, fgo.FgoError, nvidia_dra.NvidiaDraUnavailable) as exc:
             raise ClusterError(str(exc)) from None
         if options.fabric_delay and not any(r.rack for r in resolved):
             raise ClusterError("--fabric-delay: no node is in a rack (--node PROFILE@RACK)")
@@ -597,6 +599,9 @@ class Cluster:
             with self._step(progress, "DRA driver (mokka dra-plugin): a ResourceSlice per node"):
                 self._each("DRA driver", lambda n: n.spawn("dra-driver", gpustack.dra_driver_argv(n.layout) or []))
                 self._wait_each("the DRA driver's ResourceSlice", lambda n: n.slice_devices() == n.gpus)
+        elif options.allocator == "nvidia-dra":
+            with self._step(progress, "NVIDIA's DRA driver: gpu- and compute-domain-kubelet-plugin on every node"):
+                self._up_nvidia_dra(bins["nvidia-cdi-hook"], cache)
         with self._step(progress, "GPU Feature Discovery (one-shot): node labels"):
             mig_strategy = options.mig_strategy
             self._each("GFD", lambda n: n.label(n.run_gfd(bins["gpu-feature-discovery"], mig_strategy)))
@@ -607,6 +612,31 @@ class Cluster:
             self._up_virtual(options, bins, smi, progress)
         self.state.timings["up"] = round(time.monotonic() - t_start, 2)
         self.save()
+
+    def _up_nvidia_dra(self, hook: Path, cache: Path | None) -> None:
+        try:
+            exe = nvidia_dra.binaries(cache or debcache.default_cache())
+            crds = nvidia_dra.crds()
+        except nvidia_dra.NvidiaDraUnavailable as exc:
+            raise ClusterError(str(exc)) from None
+        for crd in crds:
+            self.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        self.post("/api/v1/namespaces", nvidia_dra.namespace())
+        for cls in nvidia_dra.device_classes():
+            self.post("/apis/resource.k8s.io/v1/deviceclasses", cls)
+        for n in self.nodes:
+            env = nvidia_dra.env(n.layout)
+            n.spawn("gpu-kubelet-plugin", nvidia_dra.gpu_plugin_argv(exe["gpu-kubelet-plugin"], n.layout, hook), env)
+            argv = nvidia_dra.compute_domain_plugin_argv(exe["compute-domain-kubelet-plugin"], n.layout, hook)
+            n.spawn("compute-domain-kubelet-plugin", argv, env)
+        self._wait_each(
+            "NVIDIA's GPU ResourceSlices", lambda n: n.slice_devices(nvidia_dra.GPU_DRIVER) >= n.gpus, timeout=120
+        )
+        self._wait_each(
+            "NVIDIA's IMEX channel ResourceSlices",
+            lambda n: n.slice_devices(nvidia_dra.COMPUTE_DOMAIN_DRIVER) > 0,
+            timeout=30,
+        )
 
     def _up_dcgm_exporter(self, cache: Path | None) -> None:
         from . import dcgm

@@ -18,12 +18,9 @@ github.com/run-ai/fake-gpu-operator (``go build ./cmd/status-updater`` and so on
 
 from __future__ import annotations
 
-import hashlib
 import json
-import lzma
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gpumodel import profile as profiles
+from testbed import thirdparty
 
 from . import virtual
 from .nodewatch import NodeWatch, ready
@@ -96,35 +94,10 @@ def find_binaries(cache: Path) -> Path:
         raise FgoError(
             f"--fgo needs fake-gpu-operator's {', '.join(BINARIES)}: set {ENV_DIR} to the directory holding them"
         )
-    found = {}
-    for name in BINARIES:
-        for candidate in (src / name, src / f"{name}.xz"):
-            if candidate.is_file():
-                found[name] = candidate
-                break
-        else:
-            raise FgoError(f"{ENV_DIR}={src}: no {name} (nor {name}.xz) there")
-    digest = hashlib.sha256("".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in found.values()).encode())
-    out = cache / "fgo" / digest.hexdigest()[:12]
-    if all((out / n).is_file() for n in BINARIES):
-        return out
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    for name, path in found.items():
-        target = tmp / name
-        try:
-            if path.suffix == ".xz":
-                with lzma.open(path) as fin, target.open("wb") as fout:
-                    shutil.copyfileobj(fin, fout)
-            else:
-                shutil.copyfile(path, target)
-        except (OSError, lzma.LZMAError) as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise FgoError(f"{path}: cannot unpack ({exc})") from None
-        target.chmod(0o755)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    try:
+        return thirdparty.unpacked(src, BINARIES, cache / "fgo")[BINARIES[0]].parent
+    except thirdparty.Missing as exc:
+        raise FgoError(f"{ENV_DIR}={src}: {exc}") from None
 
 
 def profile_configmaps() -> list[dict[str, Any]]:

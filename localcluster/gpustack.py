@@ -23,12 +23,12 @@ from hostsetup import node as hostnode
 
 from .config import NodeLayout
 
-ALLOCATORS = ("device-plugin", "dra", "none")
+ALLOCATORS = ("device-plugin", "dra", "nvidia-dra", "none")
 MIG_STRATEGIES = ("none", "single", "mixed")  # the device plugin's and GFD's --mig-strategy
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 # The driver root's parts, bind-mounted in the namespace: real directories, so that what NVIDIA's
 # tools resolve (e.g. libcuda's directory, by EvalSymlinks) stays inside the driver root.
-DRIVER_ROOT_PARTS = ("usr", "dev")
+DRIVER_ROOT_PARTS = ("usr", "dev", "proc")  # proc: what NVIDIA's DRA driver reads under the driver root
 
 
 def stage_node(layout: NodeLayout, profile: Profile, nvidia_smi: Path) -> nodelayout.NodeLayout:
@@ -65,6 +65,7 @@ def namespace_entries(layout: NodeLayout) -> tuple[list[list[str]], list[list[st
     sys_root = layout.node_root / "sys"
     binds = [[str(layout.node_root / "driver" / "usr"), str(layout.driver_root / "usr")]]
     binds.append([str(layout.node_root / "dev"), str(layout.driver_root / "dev")])
+    binds.append([str(layout.node_root / "proc"), str(layout.driver_root / "proc")])
     links: list[list[str]] = []
     devices = sys_root / "bus" / "pci" / "devices"
     for entry in sorted(devices.iterdir()):

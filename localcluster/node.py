@@ -102,15 +102,17 @@ class Node:
     def allocatable(self, resource: str = "nvidia.com/gpu") -> int:
         return int((self.api_node() or {}).get("status", {}).get("allocatable", {}).get(resource, "0"))
 
-    def slice_devices(self) -> int:
-        """Devices this node's ResourceSlices publish (0 while none, or the API is unreachable)."""
+    def slice_devices(self, driver: str | None = None) -> int:
+        """Devices this node's ResourceSlices publish (of one driver when given; 0 while none, or the
+        API is unreachable)."""
         from .cluster import ClusterError
 
         try:
             found = self.cluster.get(f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={self.name}")
         except ClusterError:
             return 0
-        return sum(len(item.get("spec", {}).get("devices", [])) for item in found.get("items", []))
+        items = [i for i in found.get("items", []) if driver is None or i.get("spec", {}).get("driver") == driver]
+        return sum(len(item.get("spec", {}).get("devices", [])) for item in items)
 
     def label(self, labels: Mapping[str, str]) -> None:
         self.cluster.patch(f"/api/v1/nodes/{self.name}", {"metadata": {"labels": dict(labels)}})

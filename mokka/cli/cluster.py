@@ -125,11 +125,12 @@ def node_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., 
 @DIR_OPTION
 @click.option(
     "--allocator",
-    type=click.Choice(["device-plugin", "dra", "none"]),
+    type=click.Choice(["device-plugin", "dra", "nvidia-dra", "none"]),
     default="device-plugin",
     show_default=True,
-    help="Who hands out the GPUs: NVIDIA's device plugin, a DRA driver, or nobody (the NRI plugin gives "
-    "every container all GPUs). GFD labels the node either way.",
+    help="Who hands out the GPUs: NVIDIA's device plugin, Mokka's DRA driver (dra), NVIDIA's DRA driver "
+    "(nvidia-dra: its gpu- and compute-domain-kubelet-plugin, binaries from $MOKKA_NVIDIA_DRA_DIR), or nobody "
+    "(the NRI plugin gives every container all GPUs). GFD labels the node either way.",
 )
 @click.option(
     "--device-list-strategy",
