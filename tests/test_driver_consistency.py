@@ -108,8 +108,11 @@ def test_gpm_through_nvidia_smi_dmon(tmp_path: Path, smi: tuple[str, Path]) -> N
     busy = staged_with(tmp_path / "h", gpu_count=1, gpus={0: {"utilization": {"gpu": 80, "memory": 30}}})
     out = busy.run([str(smi[1]), "dmon", "--gpm-metrics", "1,2,3,10", "-c", "4"]).stdout
     rows = [line.split() for line in out.splitlines() if line.strip() and not line.startswith("#")]
-    # dmon's sampling thread needs two samples before its printing thread shows a value
-    assert rows[-1][-4:] == ["80", "80", "40", "30"], out
+    # dmon's sampling thread needs two samples before its printing thread shows a value, and under
+    # load a row can come before the next pair (real boards print '-' then too): every row is either
+    # that or exactly the metrics, and they are shown
+    gpm = [row[-4:] for row in rows]
+    assert all(g in (["-"] * 4, ["80", "80", "40", "30"]) for g in gpm) and ["80", "80", "40", "30"] in gpm, out
     turing = staged_with(tmp_path / "t", "t4")
     out = turing.run([str(smi[1]), "dmon", "--gpm-metrics", "1", "-c", "3"]).stdout
     rows = [line.split() for line in out.splitlines() if line.strip() and not line.startswith("#")]
