@@ -145,7 +145,8 @@ def test_ready_only_when_every_node_is_connected(domain: Domain) -> None:
 def test_a_lost_peer_is_reported_and_readiness_returns(domain: Domain) -> None:
     for address in ("127.0.0.2", "127.0.0.3", "127.0.0.4"):
         domain.start(address)
-    domain.wait(lambda: domain.ctl("127.0.0.2", "-q") == "READY\n", "READY")
+    for address in domain.procs:
+        domain.wait(lambda a=address: domain.ctl(a, "-q") == "READY\n", f"{address} READY")  # type: ignore[misc]
     domain.procs["127.0.0.3"].kill()  # no goodbye: the others notice the silence
     domain.procs.pop("127.0.0.3").wait()
     for address in ("127.0.0.2", "127.0.0.4"):
