@@ -11,8 +11,10 @@ says so on the terminal.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -101,6 +103,54 @@ def pod_manifest(
         "metadata": {"name": name, "annotations": annotations or {}},
         "spec": {"restartPolicy": "Never", "containers": [container], "terminationGracePeriodSeconds": 0},
     }
+
+
+# A claim pod's container: the GPUs nvidia-smi lists, then its /dev/nvidiaN nodes.
+CLAIM_PROBE = "nvidia-smi -L; echo devices: $(ls /dev | grep -E '^nvidia[0-9]+$' | sort | tr '\\n' ' '); sleep 3600"
+
+
+def claim_pod(
+    name: str,
+    template: str | None = None,
+    *,
+    selector: str | None = None,
+    annotations: dict[str, str] | None = None,
+    device_class: str = "gpu.nvidia.com",
+) -> str:
+    """A ResourceClaimTemplate ``template`` (default: the pod's name) of one device of
+    ``device_class`` (optionally CEL-selected) and a pod ``name`` using it that runs
+    :data:`CLAIM_PROBE`, as YAML for ``kubectl apply``."""
+    template = template or name
+    cel = f"\n              selectors: [{{cel: {{expression: {json.dumps(selector)}}}}}]" if selector else ""
+    return textwrap.dedent(f"""
+    apiVersion: resource.k8s.io/v1
+    kind: ResourceClaimTemplate
+    metadata: {{name: {template}}}
+    spec:
+      spec:
+        devices:
+          requests:
+          - name: gpu
+            exactly:
+              deviceClassName: {device_class}{cel}
+    ---
+    apiVersion: v1
+    kind: Pod
+    metadata: {{name: {name}, annotations: {json.dumps(annotations or {})}}}
+    spec:
+      restartPolicy: Never
+      terminationGracePeriodSeconds: 0
+      resourceClaims:
+      - {{name: gpu, resourceClaimTemplateName: {template}}}
+      containers:
+      - name: probe
+        image: {WORKLOAD_IMAGE}
+        imagePullPolicy: Never
+        command: ["sh", "-c", {json.dumps(CLAIM_PROBE)}]
+        resources:
+          claims:
+          - {{name: gpu}}
+    """)
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 90) -> Any:

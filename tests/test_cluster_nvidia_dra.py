@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_fixtures import start_cluster, wait_for
+from cluster_fixtures import claim_pod, start_cluster, wait_for
 
 from gpumodel import nodelayout
 from localcluster import nvidia_dra
@@ -28,8 +27,6 @@ pytestmark = [
         reason=f"no NVIDIA DRA driver binaries (../shared/thirdparty/k8s-dra-driver-gpu or ${nvidia_dra.ENV_DIR})",
     ),
 ]
-
-PROBE = "nvidia-smi -L; echo devices: $(ls /dev | grep -E '^nvidia[0-9]+$' | sort | tr '\\n' ' '); sleep 3600"
 
 
 @pytest.fixture(scope="module")
@@ -46,41 +43,6 @@ def get(cluster: Cluster, *args: str) -> Any:
 def slices(cluster: Cluster, node: str, driver: str) -> list[dict[str, Any]]:
     items = get(cluster, "resourceslices", f"--field-selector=spec.nodeName={node}")["items"]
     return [d for s in items if s["spec"]["driver"] == driver for d in s["spec"]["devices"]]
-
-
-def claim_pod(name: str, *, selector: str | None = None, annotations: dict[str, str] | None = None) -> str:
-    """A ResourceClaimTemplate of one GPU of NVIDIA's DeviceClass (optionally CEL-selected) and a pod
-    using it that prints its GPUs and /dev/nvidiaN nodes."""
-    cel = f"\n              selectors: [{{cel: {{expression: {json.dumps(selector)}}}}}]" if selector else ""
-    return textwrap.dedent(f"""
-    apiVersion: resource.k8s.io/v1
-    kind: ResourceClaimTemplate
-    metadata: {{name: {name}}}
-    spec:
-      spec:
-        devices:
-          requests:
-          - name: gpu
-            exactly:
-              deviceClassName: gpu.nvidia.com{cel}
-    ---
-    apiVersion: v1
-    kind: Pod
-    metadata: {{name: {name}, annotations: {json.dumps(annotations or {})}}}
-    spec:
-      restartPolicy: Never
-      terminationGracePeriodSeconds: 0
-      resourceClaims:
-      - {{name: gpu, resourceClaimTemplateName: {name}}}
-      containers:
-      - name: probe
-        image: localhost/mokka/workload:1
-        imagePullPolicy: Never
-        command: ["sh", "-c", {json.dumps(PROBE)}]
-        resources:
-          claims:
-          - {{name: gpu}}
-    """)
 
 
 def product(name: str) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_fixtures import claim_pod
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -32,7 +33,6 @@ OTHER_PRODUCT = "NVIDIA H100 NVL"  # GPU 2's product; the others are the h100 pr
 GPUS = 4
 TIMEOUT = 90.0
 PLUGIN = "dra-driver"  # the name the cluster runs the DRA driver under (its log: logs/dra-driver.log)
-PROBE = "nvidia-smi -L; echo devices: $(ls /dev | grep -E '^nvidia[0-9]+$' | sort | tr '\\n' ' '); sleep 3600"
 
 
 def mixed_profile(path: Path) -> Path:
@@ -101,41 +101,6 @@ def get(cluster: Any, *args: str) -> Any:
 
 def apply(cluster: Any, text: str) -> None:
     cluster.kubectl("apply", "-f", "-", input=textwrap.dedent(text))
-
-
-def claim_pod(name: str, template: str, *, selector: str | None = None) -> str:
-    """A ResourceClaimTemplate ``template`` for one GPU (optionally CEL-selected) and a pod using it."""
-    indent = "\n" + " " * 14  # deviceClassName's, in the template below
-    selectors = f"{indent}selectors:{indent}- cel: {{expression: {json.dumps(selector)}}}" if selector else ""
-    return f"""
-    apiVersion: resource.k8s.io/v1
-    kind: ResourceClaimTemplate
-    metadata: {{name: {template}}}
-    spec:
-      spec:
-        devices:
-          requests:
-          - name: gpu
-            exactly:
-              deviceClassName: {DRIVER}{selectors}
-    ---
-    apiVersion: v1
-    kind: Pod
-    metadata: {{name: {name}}}
-    spec:
-      restartPolicy: Never
-      terminationGracePeriodSeconds: 0
-      resourceClaims:
-      - {{name: gpu, resourceClaimTemplateName: {template}}}
-      containers:
-      - name: probe
-        image: localhost/mokka/workload:1
-        imagePullPolicy: Never
-        command: ["sh", "-c", {json.dumps(PROBE)}]
-        resources:
-          claims:
-          - {{name: gpu}}
-    """
 
 
 def phase(cluster: Any, pod: str) -> str:
