@@ -21,7 +21,6 @@ the ones NVIDIA's chart installs.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,6 @@ from testbed import thirdparty
 from .config import NodeLayout
 
 ENV_DIR = "MOKKA_NVIDIA_DRA_DIR"
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "thirdparty" / "k8s-dra-driver-gpu"
 KUBELET_PLUGINS = ("gpu-kubelet-plugin", "compute-domain-kubelet-plugin")
 NAMESPACE = "nvidia-dra-driver-gpu"  # the chart's usual release namespace
 GPU_DRIVER = "gpu.nvidia.com"
@@ -45,10 +43,7 @@ class NvidiaDraUnavailable(RuntimeError):
 
 
 def source_dir() -> Path | None:
-    named = os.environ.get(ENV_DIR)
-    if named:
-        return Path(named)
-    return SHARED if SHARED.is_dir() else None
+    return thirdparty.directory(ENV_DIR, "k8s-dra-driver-gpu")
 
 
 def binaries(cache: Path) -> dict[str, Path]:

@@ -18,8 +18,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import thirdparty
+
 ENV_DIR = "MOKKA_DCGM_DIR"
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "thirdparty" / "dcgm"
+SHARED = thirdparty.SHARED / "dcgm"
 _LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -30,10 +32,7 @@ class ExporterMissing(RuntimeError):
 
 def directory() -> Path | None:
     """The directory holding the exporter: $MOKKA_DCGM_DIR, else the checkout's shared/ copy."""
-    named = os.environ.get(ENV_DIR)
-    if named:
-        return Path(named)
-    return SHARED if SHARED.is_dir() else None
+    return thirdparty.directory(ENV_DIR, "dcgm")
 
 
 def binary(cache: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Programs no registry here serves (NVIDIA's DRA driver, run:ai's fake-gpu-operator): the user
+"""Programs no registry here serves (dcgm-exporter, NVIDIA's DRA driver, run:ai's fake-gpu-operator): the user
 brings a directory holding them, plain or ``.xz``-compressed; they are unpacked into a cache
 directory once, keyed by the sources' names, sizes and times."""
 
@@ -10,6 +10,18 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "thirdparty"  # beside a checkout
+
+
+def directory(env: str, name: str) -> Path | None:
+    """Where a user's build of ``name`` is: the directory ``$env`` names, else the checkout's
+    ``../shared/thirdparty/<name>`` when there is one."""
+    named = os.environ.get(env)
+    if named:
+        return Path(named)
+    shared = SHARED / name
+    return shared if shared.is_dir() else None
 
 
 class Missing(RuntimeError):
