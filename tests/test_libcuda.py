@@ -101,7 +101,7 @@ def test_visibility_rules_match_the_nvml_mock(stage: Callable[..., Staged]) -> N
     # CUDA_VISIBLE_DEVICES then picks among those, by ordinal or UUID, in the order given.
     both = probe(staged, NVIDIA_VISIBLE_DEVICES="1,3", CUDA_VISIBLE_DEVICES=f"GPU-{uuids[3][:8]},0")
     assert [g["uuid"] for g in both["gpus"]] == [uuids[3], uuids[1]]
-    none = staged.python(CTYPES_PROBE.split('out["init"]')[0] + "print(cu.cuInit(0))", NVIDIA_VISIBLE_DEVICES="void")
+    none = staged.python(CTYPES_PROBE.split('out["init"]')[0] + "print(cu.cuInit(0))", NVIDIA_VISIBLE_DEVICES="none")
     assert none.stdout.strip() == str(NO_DEVICE)
 
 

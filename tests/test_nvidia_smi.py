@@ -173,6 +173,17 @@ def test_visible_devices_renumber(stage: Callable[..., Staged], smi: Smi) -> Non
     ]
 
 
+def test_visible_devices_none_and_void(stage: Callable[..., Staged], smi: Smi) -> None:
+    """``none`` is the driver without devices; ``void`` keeps the runtime out, so the process's
+    own /dev decides: with no GPU node there (a bare host, or a privileged pod such as NVIDIA's
+    DRA kubelet plugins, whose chart sets ``void``) every GPU."""
+    staged = stage("h100", 2)
+    res = staged.run([str(smi[1]), "-L"], NVIDIA_VISIBLE_DEVICES="none")
+    assert "UUID" not in res.stdout, res.stdout
+    out = staged.run([str(smi[1]), "-L"], NVIDIA_VISIBLE_DEVICES="void").stdout.splitlines()
+    assert out == [f"GPU {i}: {d.spec.name} (UUID: {d.uuid})" for i, d in enumerate(staged.profile.devices())]
+
+
 def test_topology_single_gpu(stage: Callable[..., Staged], smi: Smi) -> None:
     out = smi_run(stage("h100", 1), smi, "topo", "-m")
     assert "GPU0" in out and " X " in out

@@ -35,7 +35,7 @@ static void scan_caps(void) {
 
 static void read_visible_list(const unsigned *slots, unsigned n_slots) {
     const char *env = getenv("NVIDIA_VISIBLE_DEVICES");
-    if (!env || !strcmp(env, "all")) return;
+    if (!env || !strcmp(env, "all") || !strcmp(env, "void")) return; /* void: the device nodes decide */
     mokka_mig_view_t *v = &g_mokka_mig_view;
     v->by_list = 1;
     for (const char *p = env; *p;) {

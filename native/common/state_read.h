@@ -88,9 +88,9 @@ static inline const mokka_gpu_t *mokka_gpu_now(unsigned slot) {
 /* ---- visibility --------------------------------------------------------------------- */
 
 /* The GPUs this process sees, as state slots in the order it numbers them:
- * NVIDIA_VISIBLE_DEVICES (indices or UUIDs, "all", "none", "void"), and where any of the
- * node's /dev/nvidiaN exist (inside a container) only those (MOKKA_IGNORE_DEVICE_NODES
- * turns that off). Returns how many. */
+ * NVIDIA_VISIBLE_DEVICES (indices or UUIDs, "all", "none"; "void" leaves it to the device
+ * nodes), and where any of the node's /dev/nvidiaN exist (inside a container) only those
+ * (MOKKA_IGNORE_DEVICE_NODES turns that off). Returns how many. */
 unsigned mokka_visible_slots(unsigned out[MOKKA_MAX_GPUS]);
 
 #endif

@@ -39,7 +39,7 @@ static int listed(const char *list, const mokka_gpu_t *g) {
 
 static int visible(const mokka_gpu_t *g, const char *env) {
     if (!env) return 1;
-    if (!*env || !strcmp(env, "none") || !strcmp(env, "void")) return 0;
+    if (!*env || !strcmp(env, "none")) return 0;
     return !strcmp(env, "all") || listed(env, g);
 }
 
@@ -57,9 +57,11 @@ unsigned mokka_visible_slots(unsigned out[MOKKA_MAX_GPUS]) {
     int dev_filter = 0;
     if (!getenv("MOKKA_IGNORE_DEVICE_NODES"))
         for (unsigned i = 0; i < count && !dev_filter; i++) dev_filter = has_node(mokka_gpu_now(i));
-    /* "void" is how a CDI spec (nvidia-ctk's, the device plugin's, NVIDIA's DRA driver's) tells the
-     * legacy runtime hook to keep out: the devices are the nodes the spec added. */
-    if (dev_filter && env && !strcmp(env, "void")) env = NULL;
+    /* "void" tells the runtime to keep out (a CDI spec's containers: nvidia-ctk's, the device
+     * plugin's, NVIDIA's DRA driver's; the DRA driver's own privileged pods): what the container
+     * sees is its own /dev, the nodes a spec added or, with none of them (a privileged pod on a
+     * GPU node), every GPU. "none" is the driver without devices. */
+    if (env && !strcmp(env, "void")) env = NULL;
     unsigned n = 0;
     for (unsigned i = 0; i < count; i++) {
         const mokka_gpu_t *g = mokka_gpu_now(i);
