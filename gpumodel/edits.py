@@ -118,17 +118,27 @@ def common_edits(layout: NodeLayout) -> ContainerEdits:
         mounts.append(Mount(layout.dcgm_library, f"{libdir}/libdcgm.so.4"))
     if layout.nvidia_smi:
         mounts.append(Mount(layout.nvidia_smi, SMI_IN_CONTAINER))
+    kernel = kernel_view(layout)
+    return ContainerEdits(
+        env=kernel.env, device_nodes=tuple(control_nodes(layout)), mounts=tuple(mounts) + kernel.mounts
+    )
+
+
+def kernel_view(layout: NodeLayout) -> ContainerEdits:
+    """What a GPU node's kernel shows a container that no runtime puts there: the GPUs' PCI
+    sysfs and /proc/driver/nvidia (C tools such as lspci and nvidia-smi topo's hwloc read them;
+    the sysfs shim redirects those lookups into the staged trees) and the kernel log with the
+    driver's Xid lines."""
+    mounts: list[Mount] = []
     if layout.kernel_log:
         mounts.append(Mount(layout.kernel_log, KERNEL_LOG_IN_CONTAINER))
     env: list[str] = []
     if layout.sysfs_shim:
-        # C tools (lspci, nvidia-smi topo's hwloc) read PCI sysfs and /proc/driver/nvidia;
-        # the shim redirects those lookups into the staged trees.
         mounts.append(Mount(layout.sysfs_shim, SHIM_IN_CONTAINER))
         for tree in ("sys", "proc"):
             mounts.append(Mount(f"{layout.root}/{tree}", f"{TREES_IN_CONTAINER}/{tree}"))
         env += [f"LD_PRELOAD={SHIM_IN_CONTAINER}", f"MOKKA_SYSFS_ROOT={TREES_IN_CONTAINER}"]
-    return ContainerEdits(env=tuple(env), device_nodes=tuple(control_nodes(layout)), mounts=tuple(mounts))
+    return ContainerEdits(env=tuple(env), mounts=tuple(mounts))
 
 
 def mig_device_nodes(layout: NodeLayout, device: MigDevice) -> tuple[DeviceNode, ...]:

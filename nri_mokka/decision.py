@@ -16,11 +16,15 @@ Who allocates GPUs is the configuration's ``allocator``:
   charge. A container without an allocation gets nothing; one with an allocation gets what
   the NVIDIA container runtime would give it: its GPUs' device nodes, the control nodes, the
   library, state and nvidia-smi. CDI requests (annotations, CRI CDI devices) are applied by
-  the runtime from the CDI spec before the plugin sees the container, and left alone.
+  the runtime from the CDI spec before the plugin sees the container, and left alone; where a
+  spec's device nodes arrive with the driver's library already mounted (NVIDIA's DRA driver's,
+  through CRI), nothing of that is added again: only the kernel's view of the GPUs
+  (``gpumodel.edits.kernel_view``).
 
 The plugin reads only what a decision can depend on: annotations under
-``ANNOTATION_PREFIXES``, the environment variables in ``ENV_READ`` and ``/dev/nvidia*``
-device paths, besides the names and the namespace (``relevant_*`` below say which).
+``ANNOTATION_PREFIXES``, the environment variables in ``ENV_READ``, ``/dev/nvidia*`` device
+paths and mounts of the driver's library, besides the names and the namespace (``relevant_*``
+below say which).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gpumodel.edits import ContainerEdits, container_edits
+from gpumodel.edits import ContainerEdits, container_edits, kernel_view
 from gpumodel.mig_devices import GpuMig, MigDevice
 from gpumodel.nodelayout import GpuNode, NodeLayout
 
@@ -42,6 +46,7 @@ VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 ENV_READ = (VISIBLE_DEVICES,)  # the environment decisions read
 DEVICE_PREFIX = "/dev/nvidia"  # the device paths decisions read
 DEVICE_RE = re.compile(r"^/dev/nvidia(\d+)$")
+DRIVER_LIBRARY = "libnvidia-ml.so"  # mounts of the driver's library a decision reads (by destination)
 ALLOCATORS = ("nri", "external")
 
 
@@ -56,6 +61,11 @@ def relevant_env(entry: str) -> bool:
 
 def relevant_device(path: str) -> bool:
     return path.startswith(DEVICE_PREFIX)
+
+
+def relevant_mount(destination: str) -> bool:
+    """A mount of the driver's library (``.so``, ``.so.1``, ``.so.<version>``), wherever put."""
+    return destination.rpartition("/")[2].startswith(DRIVER_LIBRARY)
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,7 @@ class Container:
     annotations: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     device_paths: Sequence[str] = ()
+    driver_mounts: Sequence[str] = ()  # where the runtime already mounted the driver's library
 
 
 @dataclass(frozen=True)
@@ -259,6 +270,11 @@ def _decide_external(c: Container, layout: NodeLayout, config: Config, mig: Sequ
     existing = _device_gpus(c, layout)
     if isinstance(existing, Decision):
         return existing
+    if existing and c.driver_mounts:
+        # The runtime's path (a CDI spec passed through CRI: NVIDIA's DRA driver's) brought the
+        # device nodes, the driver and its tools already: only what a GPU node's kernel shows.
+        why = f"allocated /dev/nvidia* devices, the driver at {c.driver_mounts[0]}"
+        return Decision(why, existing, kernel_view(layout))
     if existing:
         edits = container_edits(layout, existing)
         present = set(c.device_paths)

@@ -98,7 +98,7 @@ class MokkaPlugin:
         self.warm = True
         self._apply_config()
         if self.answers is not None:
-            self.answers.get(("default", (), (), (), ()))
+            self.answers.get(("default", (), (), (), (), ()))
         # What is loaded now lives as long as the process: keep the cyclic collector from
         # walking it again and again while a container waits (and, in the supervisor's copy,
         # from touching pages its forks share).

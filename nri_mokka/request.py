@@ -3,8 +3,8 @@
 A request is ~3 KB of pod and container description; a decision reads a handful of fields.
 Instead of parsing it whole into message objects, this walks the encoding (``nri.wire``) to
 the names and namespace, and — only when the bytes contain one of ``TRIGGERS`` at all — to
-the annotations, environment and device paths a decision can depend on
-(``decision.relevant_*``), keeping just those. Protobuf strings are stored verbatim, so a
+the annotations, environment, device paths and mounts of the driver's library a decision can
+depend on (``decision.relevant_*``), keeping just those. Protobuf strings are stored verbatim, so a
 request without any trigger substring cannot carry a relevant annotation, variable or device.
 
 Field numbers are NRI's (api.proto); ``tests/test_nri_wire.py`` checks them against the
@@ -27,7 +27,10 @@ POD_ANNOTATIONS = 6
 CONTAINER_NAME = 3
 CONTAINER_ANNOTATIONS = 6
 CONTAINER_ENV = 8
+CONTAINER_MOUNTS = 9
 CONTAINER_LINUX = 11
+# Mount
+MOUNT_DESTINATION = 1
 # LinuxContainer, LinuxDevice
 LINUX_DEVICES = 2
 DEVICE_PATH = 1
@@ -42,13 +45,15 @@ TRIGGERS = tuple(
         *decision.ANNOTATION_PREFIXES,
         *(f"{name}=" for name in (*decision.ENV_READ, *RENDER_ENV)),
         decision.DEVICE_PREFIX,
+        decision.DRIVER_LIBRARY,
     )
 )
 
 Items = tuple[tuple[str, str], ...]
-# (namespace, pod annotations, container annotations, environment, device paths): every
-# input of a decision and its rendering except the names, which only go into the log line.
-Key = tuple[str, Items, Items, Items, tuple[str, ...]]
+# (namespace, pod annotations, container annotations, environment, device paths, driver
+# mounts): every input of a decision and its rendering except the names, which only go into
+# the log line.
+Key = tuple[str, Items, Items, Items, tuple[str, ...], tuple[str, ...]]
 
 
 class CreateRequest:
@@ -89,7 +94,7 @@ class CreateRequest:
         """Everything a decision about this container (and its rendering) depends on."""
         data = self.payload
         if not any(t in data for t in TRIGGERS):
-            return (self.namespace, (), (), (), ())
+            return (self.namespace, (), (), (), (), ())
         pod_annotations: list[tuple[str, str]] = []
         for number, kind, a, b in wire.fields(data, *self.pod):
             if number == POD_ANNOTATIONS and kind == wire.LEN:
@@ -97,6 +102,7 @@ class CreateRequest:
         annotations: list[tuple[str, str]] = []
         env: list[tuple[str, str]] = []
         devices: list[str] = []
+        mounts: list[str] = []
         for number, kind, a, b in wire.fields(data, *self.container):
             if kind != wire.LEN:
                 continue
@@ -115,7 +121,12 @@ class CreateRequest:
                             text = data[path[0] : path[1]].decode()
                             if decision.relevant_device(text):
                                 devices.append(text)
-        return (self.namespace, tuple(sorted(pod_annotations)), tuple(sorted(annotations)), _last(env), tuple(devices))
+            elif number == CONTAINER_MOUNTS:
+                where = wire.first(data, MOUNT_DESTINATION, a, b)
+                if where is not None and decision.relevant_mount(text := data[where[0] : where[1]].decode()):
+                    mounts.append(text)
+        pod, ctr = tuple(sorted(pod_annotations)), tuple(sorted(annotations))
+        return (self.namespace, pod, ctr, _last(env), tuple(devices), tuple(mounts))
 
 
 def _relevant_entry(data: bytes, a: int, b: int, out: list[tuple[str, str]]) -> None:
@@ -137,7 +148,7 @@ def _last(env: list[tuple[str, str]]) -> Items:
 
 def container(key: Key, pod_name: str = "", name: str = "") -> decision.Container:
     """The decision's view of a container with inputs ``key``."""
-    namespace, pod_annotations, annotations, env, devices = key
+    namespace, pod_annotations, annotations, env, devices, mounts = key
     return decision.Container(
         name=name,
         pod_name=pod_name,
@@ -146,4 +157,5 @@ def container(key: Key, pod_name: str = "", name: str = "") -> decision.Containe
         annotations=dict(annotations),
         env=dict(env),
         device_paths=devices,
+        driver_mounts=mounts,
     )

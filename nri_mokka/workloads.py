@@ -4,7 +4,9 @@ At POST_START_CONTAINER the plugin reads, from the event's raw bytes (``Event``)
 container's id, its init process (the host's PID, NRI's ``Container.pid``), its command
 (``args[0]``, what NVML names the process by) and the GPUs it was given, re-derived from what
 the container carries (its ``/dev/nvidiaN`` device nodes, else ``NVIDIA_VISIBLE_DEVICES``), so
-that a plugin restarted since CreateContainer still knows them. The memory it uses per GPU is
+that a plugin restarted since CreateContainer still knows them. An IMEX daemon (a ComputeDomain's:
+given the ``fabric-imex-mgmt`` capability, it manages the fabric and runs nothing on the GPUs
+whose nodes its management device brings) is listed nowhere. The memory it uses per GPU is
 the annotation ``mokka.io/gpu-memory`` (MiB; ``Gi``/``GiB`` and ``Mi``/``MiB`` suffixes; the
 container's, else the pod's; default ``gpumodel.processes.DEFAULT_MEMORY_MIB``). At
 STOP_CONTAINER and REMOVE_CONTAINER its entries are taken off again (by the PIDs recorded at
@@ -60,12 +62,13 @@ DEVICE_PATH = 1
 MAP_KEY, MAP_VALUE = 1, 2
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 DEVICE_PREFIX = "/dev/nvidia"
+IMEX_MGMT_NODE = "/dev/nvidia-caps/nvidia-cap4323"  # gpumodel.mig_devices.FABRIC_IMEX_MINOR (checked by the tests)
 
 
 class Event:
     """What a container event says about the container, read from its raw bytes."""
 
-    __slots__ = ("args0", "container_id", "devices", "memory", "name", "pid", "visible")
+    __slots__ = ("args0", "container_id", "devices", "imex_daemon", "memory", "name", "pid", "visible")
 
     def __init__(self, event: int, payload: bytes) -> None:
         pod_field, container_field = (
@@ -75,6 +78,7 @@ class Event:
         self.pid = 0
         self.visible: str | None = None
         self.devices: list[int] = []  # minors of the /dev/nvidiaN device nodes
+        self.imex_daemon = False  # given the fabric-imex-mgmt capability
         pod_memory: str | None = None
         memory: str | None = None
         for number, kind, a, b in wire.fields(payload):
@@ -117,6 +121,8 @@ class Event:
                         minor = text[len(DEVICE_PREFIX) :]
                         if text.startswith(DEVICE_PREFIX) and minor.isdigit():
                             self.devices.append(int(minor))
+                        elif text == IMEX_MGMT_NODE:
+                            self.imex_daemon = True
         return memory
 
     def process_name(self) -> str:
@@ -145,7 +151,10 @@ def _entry(data: bytes, a: int, b: int, wanted: str, current: str | None) -> str
 
 def gpus_of(event: Event, layout: NodeLayout) -> list[int]:
     """The indices of the GPUs the container was given: its device nodes, else the GPUs its
-    ``NVIDIA_VISIBLE_DEVICES`` names (a MIG device counts as its GPU; unknown names are skipped)."""
+    ``NVIDIA_VISIBLE_DEVICES`` names (a MIG device counts as its GPU; unknown names are skipped);
+    none for an IMEX daemon."""
+    if event.imex_daemon:
+        return []
     if event.devices:
         by_minor = {g.minor: g.index for g in layout.gpus}
         return sorted({by_minor[m] for m in event.devices if m in by_minor})

@@ -198,6 +198,30 @@ def test_external_device_specs_get_the_rest(layout: nodelayout.NodeLayout) -> No
     assert decide(ctr(device_paths=["/dev/nvidia12"]), layout, EXTERNAL).error
 
 
+def test_external_cdi_through_cri_adds_only_the_kernels_view(layout: nodelayout.NodeLayout) -> None:
+    """A CDI spec passed through CRI (NVIDIA's DRA driver's claims: no annotation) brought the device
+    nodes, the driver and nvidia-smi: nothing of that is added again, nor is its
+    ``NVIDIA_VISIBLE_DEVICES`` replaced; only the kernel's view (sysfs shim and trees, kernel log)."""
+    import dataclasses
+
+    from gpumodel.edits import kernel_view
+
+    shim, log = "/var/lib/mokka/driver/usr/lib64/libmokka-sysfs.so", "/var/lib/mokka/driver/var/log/kern.log"
+    layout = dataclasses.replace(layout, sysfs_shim=shim, kernel_log=log)
+    lib = f"/usr/lib64/libnvidia-ml.so.{layout.driver_version}"
+    env = {"NVIDIA_VISIBLE_DEVICES": "void"}
+    c = ctr(device_paths=["/dev/nvidia4", "/dev/nvidiactl"], env=env, driver_mounts=[lib])
+    d = decide(c, layout, EXTERNAL)
+    assert [g.index for g in d.gpus] == [4] and d.edits == kernel_view(layout) and lib in d.reason
+    assert d.edits.device_nodes == () and "NVIDIA_VISIBLE_DEVICES" not in d.edits.env_dict()
+    assert not any("libnvidia-ml" in m.container_path or "nvidia-smi" in m.container_path for m in d.edits.mounts)
+    assert {m.container_path for m in d.edits.mounts} >= {"/usr/lib/mokka/libmokka-sysfs.so", "/var/log/kern.log"}
+    assert d.edits.env_dict()["LD_PRELOAD"] == "/usr/lib/mokka/libmokka-sysfs.so"
+    # without the library (device specs alone) the runtime's part is still Mokka's to add
+    d = decide(ctr(device_paths=["/dev/nvidia4"], env=env), layout, EXTERNAL)
+    assert d.edits is not None and any("libnvidia-ml" in m.container_path for m in d.edits.mounts)
+
+
 def test_external_cdi_is_left_to_the_runtime(layout: nodelayout.NodeLayout) -> None:
     """CDI-annotation and CDI-CRI modes: the runtime applied the spec before the plugin runs."""
     d = decide(ctr(annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"}), layout, EXTERNAL)

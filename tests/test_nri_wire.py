@@ -17,7 +17,7 @@ import random
 import struct
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +181,13 @@ def test_fields_walk_a_message_without_decoding_it() -> None:
 
 
 def _request(
-    rng: random.Random, namespace: str, pod_ann: dict[str, str], ann: dict[str, str], env: list[str], devices: list[str]
+    rng: random.Random,
+    namespace: str,
+    pod_ann: dict[str, str],
+    ann: dict[str, str],
+    env: list[str],
+    devices: list[str],
+    mounts: Sequence[str] = (),
 ) -> pb_api.CreateContainerRequest:
     noise = {f"io.kubernetes.cri/x{i}": "y" * rng.randint(0, 80) for i in range(rng.randint(0, 6))}
     return pb_api.CreateContainerRequest(
@@ -192,6 +198,7 @@ def _request(
             name="main",
             annotations={**noise, **ann},
             env=["PATH=/bin", *env, "HOSTNAME=x"],
+            mounts=[pb_api.Mount(destination=m, type="bind", source=f"/host{m}", options=["ro"]) for m in mounts],
             linux=pb_api.LinuxContainer(devices=[pb_api.LinuxDevice(path=d, type="c", major=1) for d in devices]),
         ),
     )
@@ -205,12 +212,16 @@ def test_request_reader_keeps_exactly_what_decisions_read() -> None:
     values = ["0,3", "false", "nvidia.com/gpu=1", "all", ""]
     env_pool = ["NVIDIA_VISIBLE_DEVICES=1,3", "NVIDIA_VISIBLE_DEVICES=", "LD_PRELOAD=/a.so", "NVIDIA_X=1", "A=B"]
     dev_pool = ["/dev/nvidia0", "/dev/nvidia7", "/dev/nvidiactl", "/dev/fuse", "/dev/nvidia-uvm"]
+    # the driver's library where CDI specs put it, and mounts that only look alike
+    lib = "libnvidia-ml.so"
+    mount_pool = [f"/usr/lib64/{lib}.580.105.08", f"/usr/lib/x86_64-linux-gnu/{lib}.1", "/etc/hosts", f"/opt/{lib}.d/x"]
     for _ in range(300):
         pod_ann = {k: rng.choice(values) for k in rng.sample(keys, rng.randint(0, 3))}
         ann = {k: rng.choice(values) for k in rng.sample(keys, rng.randint(0, 3))}
         env = rng.sample(env_pool, rng.randint(0, 4))
         devices = rng.sample(dev_pool, rng.randint(0, 3))
-        msg = _request(rng, rng.choice(["default", "kube-system", "ml"]), pod_ann, ann, env, devices)
+        mounts = rng.sample(mount_pool, rng.randint(0, 3))
+        msg = _request(rng, rng.choice(["default", "kube-system", "ml"]), pod_ann, ann, env, devices, mounts)
         raw = bytes(msg)
         read = request.CreateRequest(raw)
         full = pb_api.CreateContainerRequest().parse(raw)
@@ -224,16 +235,17 @@ def test_request_reader_keeps_exactly_what_decisions_read() -> None:
             tuple(sorted((k, v) for k, v in full.container.annotations.items() if decision.relevant_annotation(k))),
             tuple(sorted(env_dict.items())),
             tuple(d.path for d in full.container.linux.devices if decision.relevant_device(d.path)),
+            tuple(m.destination for m in full.container.mounts if decision.relevant_mount(m.destination)),
         )
         assert read.key() == want
         if not any(t in raw for t in request.TRIGGERS):
-            assert want[1:] == ((), (), (), ())
+            assert want[1:] == ((), (), (), (), ())
 
 
 def test_request_reader_survives_what_containerd_might_send() -> None:
     empty = request.CreateRequest(b"")
     assert (empty.namespace, empty.pod_name, empty.container_name()) == ("", "", "")
-    assert empty.key() == ("", (), (), (), ())
+    assert empty.key() == ("", (), (), (), (), ())
     with pytest.raises(wire.WireError):
         request.CreateRequest(b"\x0a\x10short")
 
@@ -411,6 +423,8 @@ def test_request_reader_field_numbers(protos: Protos) -> None:
         ("Container", "linux"): request.CONTAINER_LINUX,
         ("LinuxContainer", "devices"): request.LINUX_DEVICES,
         ("LinuxDevice", "path"): request.DEVICE_PATH,
+        ("Container", "mounts"): request.CONTAINER_MOUNTS,
+        ("Mount", "destination"): request.MOUNT_DESTINATION,
     }
     for pool in (protos.ours, protos.official):
         for (message, field), number in fields.items():

@@ -147,6 +147,9 @@ def test_field_numbers_are_the_protos() -> None:
     assert [n for n, *_ in wire.fields(bytes(change))] == [1, workloads.EVENT_POD, workloads.EVENT_CONTAINER]
     assert EVENTS["STOP_CONTAINER"] == workloads.STOP_CONTAINER
     assert workloads.DEFAULT_MEMORY_MIB == processes.DEFAULT_MEMORY_MIB
+    from gpumodel.mig_devices import FABRIC_IMEX_MINOR
+
+    assert f"/dev/nvidia-caps/nvidia-cap{FABRIC_IMEX_MINOR}" == workloads.IMEX_MGMT_NODE
     assert workloads.ANNOTATION_MEMORY.startswith("mokka.io/")
 
 
@@ -188,6 +191,15 @@ def test_event_reading() -> None:
     stop = api.StopContainerRequest(pod=api.PodSandbox(id="p"), container=api.Container(id="c9", pid=5))
     s = workloads.Event(EVENTS["STOP_CONTAINER"], bytes(stop))
     assert (s.container_id, s.pid, s.memory) == ("c9", 5, None)
+
+
+def test_an_imex_daemon_is_no_gpu_workload() -> None:
+    """A ComputeDomain's IMEX daemon gets every /dev/nvidiaN (NVIDIA's management device) and the
+    fabric-imex-mgmt capability: it manages the fabric and is listed on no GPU."""
+    paths = ("/dev/nvidiactl", "/dev/nvidia10", "/dev/nvidia11", workloads.IMEX_MGMT_NODE)
+    devices = api.LinuxContainer(devices=[api.LinuxDevice(path=p) for p in paths])
+    e = event(linux=devices, env=["NVIDIA_VISIBLE_DEVICES=void"])
+    assert e.imex_daemon and e.devices == [10, 11] and workloads.gpus_of(e, LAYOUT) == []
 
 
 @pytest.mark.parametrize(

@@ -113,6 +113,7 @@ class Container(betterproto.Message):
     )
     args: List[str] = betterproto.string_field(7)
     env: List[str] = betterproto.string_field(8)
+    mounts: List["Mount"] = betterproto.message_field(9)
     linux: "LinuxContainer" = betterproto.message_field(11)
     pid: int = betterproto.uint32_field(12)
 
