@@ -1,14 +1,16 @@
 """Private views of the host's paths, made in a mount namespace of their own.
 
 A *view* (a JSON-able dict) lists ``binds`` (``[source, target]``: bind-mount a file or
-directory over ``target``), ``links`` (``[target, path]``: a symlink at ``path``) and ``absent``
-(paths that must not exist). A bind target that does not exist, every link and every absent
-path are placed in a *union* of their parent: a tmpfs mounted over the parent that holds the
-parent's original entries again (directories and files bind-mounted back, recursively,
-symlinks copied), plus the new ones and less the absent ones. So ``/var/lib/kubelet`` appears,
-or disappears, without ``/var/lib`` changing on the host; what is written into an existing entry
-still reaches the host, what is created beside them lands on the tmpfs and goes with the
-namespace.
+directory over ``target``), ``links`` (``[target, path]``: a symlink at ``path``), ``absent``
+(paths that must not exist) and ``shared`` (mount points made recursively shared once the rest is
+in place, as a systemd host's are: what a container mounts there with Bidirectional propagation
+reaches the namespace, never the host, whose mounts are private to it). A bind target that does
+not exist, every link and every absent path are placed in a *union* of their parent: a tmpfs
+mounted over the parent that holds the parent's original entries again (directories and files
+bind-mounted back, recursively, symlinks copied), plus the new ones and less the absent ones.
+So ``/var/lib/kubelet`` appears, or disappears, without ``/var/lib`` changing on the host; what
+is written into an existing entry still reaches the host, what is created beside them lands on
+the tmpfs and goes with the namespace.
 
 Two users: the local cluster's namespace holder (:mod:`localcluster.namespace`) and
 ``python -m testbed.mounts``, which runs one command in a view — with ``--fresh``, a view in
@@ -36,6 +38,7 @@ __all__ = ["FRESH_PATHS", "MountError", "Unions", "enter", "main", "setup"]
 MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
+MS_SHARED = 1 << 20
 MNT_DETACH = 2
 CLONE_NEWNS = 0x00020000
 UNION_SIZE = "16m"  # a union's tmpfs holds only the new entries (the originals are bind mounts)
@@ -151,7 +154,8 @@ def _remove(path: str) -> None:
 
 
 def setup(view: dict[str, Any], stash: Path, size: str = UNION_SIZE) -> int:
-    """Make every absent path, link and bind of ``view``; returns how many directories became unions."""
+    """Make every absent path, link, bind and shared mount of ``view``; returns how many directories
+    became unions."""
     unions = Unions(stash, size)
     for path in view.get("absent", []):
         path = _real_parent(path)
@@ -175,6 +179,8 @@ def setup(view: dict[str, Any], stash: Path, size: str = UNION_SIZE) -> int:
             else:
                 os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o600))
         _mount(source, target, None, MS_BIND | MS_REC)
+    for path in view.get("shared", []):
+        _mount("", _real_parent(path), None, MS_SHARED | MS_REC)
     return unions.count
 
 
