@@ -319,6 +319,29 @@ def test_two_claims_never_share_a_gpu(tmp_path: Path, info: gpus.GpuInfo, spec_f
     assert claims.prepare(b)[0].device == "gpu-1"
 
 
+def test_a_device_whose_claim_is_gone_is_prepared_for_the_next(
+    tmp_path: Path, info: gpus.GpuInfo, spec_file: Path
+) -> None:
+    """The scheduler hands a GPU on once its claim is deleted or deallocated, before kubelet asks to
+    unprepare the old claim (it does once the old pod's containers are gone): the new claim gets it
+    at once, not after kubelet's back-off; a later Unprepare of the old one changes nothing of it."""
+    api = ApiClaims()
+    old, new, late = Claim("ns", "old", "uid-old"), Claim("ns", "new", "uid-new"), Claim("ns", "late", "uid-late")
+    api.add(old, result("gpu-1"))
+    claims = make_claims(tmp_path, info, api, spec_file)
+    claims.prepare(old)
+    del api.objects[("ns", "old")]  # deleted in the API; kubelet's Unprepare still to come
+    api.add(new, result("gpu-1"))
+    assert claims.prepare(new)[0].device == "gpu-1"
+    api.add(late, result("gpu-1"))
+    with pytest.raises(ClaimError, match=r"gpu-1 is already prepared for ResourceClaim ns/new"):
+        claims.prepare(late)  # ns/new does hold it
+    api.objects[("ns", "new")]["status"] = {}  # deallocated
+    assert claims.prepare(late)[0].device == "gpu-1"
+    claims.unprepare(old)
+    assert set(claims.prepared()) == {"uid-new", "uid-late"}
+
+
 @pytest.mark.parametrize(
     ("obj", "message"),
     [

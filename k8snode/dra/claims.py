@@ -9,7 +9,9 @@ so a repeated Prepare (kubelet retries, a plugin restart) gives the same answer 
 the API server again, and Unprepare of a claim that is not (or no longer) prepared succeeds.
 
 Two claims never share a GPU here unless one of them has admin access: the scheduler already
-guarantees that, and a prepare that would break it is refused.
+guarantees that, and a prepare that would break it is refused. A preparation whose claim no longer
+holds the device (deleted, or deallocated, while kubelet has not yet asked to unprepare it: it does
+once the old pod's containers are gone) does not count: the scheduler has handed the device on.
 """
 
 from __future__ import annotations
@@ -177,11 +179,12 @@ class Claims:
             raise ClaimError(f"cannot read ResourceClaim {claim}: {exc}") from None
         devices = self._devices(claim, obj)
         self._check_cdi(devices)
+        stale = self._stale(claim, devices)
         with self._lock:
             done = self.checkpoint.claims.get(claim.uid)
             if done is not None:  # prepared concurrently by a retry
                 return done.devices
-            self._check_exclusive(claim, devices)
+            self._check_exclusive(claim, devices, stale)
             self.checkpoint.claims[claim.uid] = PreparedClaim(claim, devices)
             try:
                 self.checkpoint.save()
@@ -224,12 +227,45 @@ class Claims:
             )
         return tuple(merged.values())
 
-    def _check_exclusive(self, claim: Claim, devices: Iterable[PreparedDevice]) -> None:
+    def _conflicts(self, claim: Claim, devices: Iterable[PreparedDevice]) -> list[tuple[str, PreparedClaim]]:
+        """The other prepared claims holding one of ``devices`` (neither side with admin access)."""
+        wanted = {d.device for d in devices if not d.admin_access}
+        with self._lock:
+            return [
+                (uid, other)
+                for uid, other in self.checkpoint.claims.items()
+                if uid != claim.uid and any(o.device in wanted and not o.admin_access for o in other.devices)
+            ]
+
+    def _stale(self, claim: Claim, devices: Iterable[PreparedDevice]) -> set[str]:
+        """The UIDs of conflicting preparations whose claims no longer hold their devices in the API
+        (gone, another claim of that name, or deallocated): kubelet will unprepare them."""
+        stale: set[str] = set()
+        for uid, other in self._conflicts(claim, devices):
+            try:
+                obj = self.read_claim(other.claim.namespace, other.claim.name)
+            except Exception:  # unknown: keep refusing, kubelet retries
+                continue
+            holds = obj is not None and (obj.get("metadata") or {}).get("uid") == uid
+            results = ((((obj or {}).get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+            mine = {
+                r.get("device") for r in results or [] if r.get("driver") == self.driver and r.get("pool") == self.pool
+            }
+            if not holds or not mine & {d.device for d in other.devices}:
+                log.info(
+                    "prepare %s: %s was prepared for %s (uid %s), which no longer holds it; kubelet has not "
+                    "unprepared it yet",
+                    claim, ", ".join(d.device for d in other.devices), other.claim, uid,
+                )  # fmt: skip
+                stale.add(uid)
+        return stale
+
+    def _check_exclusive(self, claim: Claim, devices: Iterable[PreparedDevice], stale: set[str]) -> None:
         for dev in devices:
             if dev.admin_access:
                 continue
             for uid, other in self.checkpoint.claims.items():
-                if uid == claim.uid:
+                if uid == claim.uid or uid in stale:
                     continue
                 if any(o.device == dev.device and not o.admin_access for o in other.devices):
                     raise ClaimError(f"{dev.device} is already prepared for ResourceClaim {other.claim} (uid {uid})")
