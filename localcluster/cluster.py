@@ -34,6 +34,7 @@ from typing import Any
 
 from gpumodel import profile as profiles
 from testbed import containerd_dist, debcache, gotool, kubelet_api, nvidia_smi
+from testbed import versions as tools
 from testbed.kube import binaries, versions
 from testbed.kube.gobuild import BuildError
 
@@ -328,7 +329,7 @@ class Cluster:
                     "gpus": n.gpus,
                     "ready": n.ready(),
                     "allocatable_gpus": n.allocatable(),
-                    "dra_devices": n.slice_devices(),
+                    "dra_devices": n.slice_devices(nvidia_dra.GPU_DRIVER),  # GPUs (not IMEX channels)
                     "processes": {name: ("running" if p.alive() else "exited") for name, p in procs.items()},
                 }
             )
@@ -377,6 +378,14 @@ class Cluster:
     def post(self, path: str, body: Any) -> dict[str, Any]:
         """Create ``body`` in the collection at ``path``."""
         return self._send("POST", path, body, "application/json")
+
+    def delete(self, path: str) -> None:
+        """Delete the object at ``path`` at once (no grace period); one already gone is fine."""
+        try:
+            self._send("DELETE", path, {"gracePeriodSeconds": 0}, "application/json")
+        except ClusterError as exc:
+            if "404" not in str(exc):
+                raise
 
     def _send(self, method: str, path: str, body: Any, content_type: str) -> dict[str, Any]:
         req = urllib.request.Request(
@@ -433,7 +442,7 @@ class Cluster:
             if options.fgo:
                 fgo.find_binaries(options.cache or debcache.default_cache())
             if options.allocator == "nvidia-dra":
-                nvidia_dra.binaries(options.cache or debcache.default_cache())
+                nvidia_dra.find(options.cache or debcache.default_cache())
         except (ValueError, fgo.FgoError, nvidia_dra.NvidiaDraUnavailable) as exc:
             raise ClusterError(str(exc)) from None
         if options.fabric_delay and not any(r.rack for r in resolved):
@@ -507,6 +516,7 @@ class Cluster:
                 smi = nvidia_smi.fetch("550", cache)
                 if options.allocator == "dra":  # `mokka dra-plugin` speaks the kubelet's plugin APIs
                     kubelet_api.generate(cache=cache)
+                helm = gotool.build(tools.HELM, cache) / "helm" if options.allocator == "nvidia-dra" else None
             except (BuildError, gotool.BuildError, debcache.FetchError, kubelet_api.GenerateError) as exc:
                 where = cache or debcache.default_cache()
                 raise ClusterError(
@@ -599,9 +609,11 @@ class Cluster:
             with self._step(progress, "DRA driver (mokka dra-plugin): a ResourceSlice per node"):
                 self._each("DRA driver", lambda n: n.spawn("dra-driver", gpustack.dra_driver_argv(n.layout) or []))
                 self._wait_each("the DRA driver's ResourceSlice", lambda n: n.slice_devices() == n.gpus)
-        elif options.allocator == "nvidia-dra":
-            with self._step(progress, "NVIDIA's DRA driver: gpu- and compute-domain-kubelet-plugin on every node"):
-                self._up_nvidia_dra(bins["nvidia-cdi-hook"], cache)
+        elif options.allocator == "nvidia-dra" and helm is not None:
+            with self._step(
+                progress, "NVIDIA's DRA driver: its chart, the kubelet plugins on every node, the controller"
+            ):
+                self._up_nvidia_dra(bins["nvidia-cdi-hook"], helm, profs, cache or debcache.default_cache())
         with self._step(progress, "GPU Feature Discovery (one-shot): node labels"):
             mig_strategy = options.mig_strategy
             self._each("GFD", lambda n: n.label(n.run_gfd(bins["gpu-feature-discovery"], mig_strategy)))
@@ -613,30 +625,41 @@ class Cluster:
         self.state.timings["up"] = round(time.monotonic() - t_start, 2)
         self.save()
 
-    def _up_nvidia_dra(self, hook: Path, cache: Path | None) -> None:
+    def _up_nvidia_dra(self, hook: Path, helm: Path, profs: list[profiles.Profile], cache: Path) -> None:
+        """NVIDIA's chart rendered for the mock nodes and applied; its image built and imported into
+        every node; NFD's PCI labels on the nodes (its kubelet plugins' node affinity)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .nvidia_dra import image
+
         try:
-            exe = nvidia_dra.binaries(cache or debcache.default_cache())
-            crds = nvidia_dra.crds()
-        except nvidia_dra.NvidiaDraUnavailable as exc:
+            brought = nvidia_dra.find(cache)
+            values = self.layout.base / "nvidia-dra-values.yaml"
+            manifests = nvidia_dra.render(helm, brought.chart, versions.KUBERNETES, values)
+            tarball = image.build(self.layout.images, brought.programs, hook, brought.chart, cache)
+        except (nvidia_dra.NvidiaDraUnavailable, image.ImageError) as exc:
             raise ClusterError(str(exc)) from None
-        for crd in crds:
-            self.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        nodes = self.nodes
+        with ThreadPoolExecutor(len(nodes)) as pool:  # each node's containerd unpacks it
+            list(pool.map(lambda n: n.ctr("images", "import", str(tarball.absolute())), nodes))
+        tarball.unlink()
+        for n, prof in zip(nodes, profs, strict=True):
+            n.label(nvidia_dra.nfd_labels(prof))
         self.post("/api/v1/namespaces", nvidia_dra.namespace())
-        for cls in nvidia_dra.device_classes():
-            self.post("/apis/resource.k8s.io/v1/deviceclasses", cls)
-        for n in self.nodes:
-            env = nvidia_dra.env(n.layout)
-            n.spawn("gpu-kubelet-plugin", nvidia_dra.gpu_plugin_argv(exe["gpu-kubelet-plugin"], n.layout, hook), env)
-            argv = nvidia_dra.compute_domain_plugin_argv(exe["compute-domain-kubelet-plugin"], n.layout, hook)
-            n.spawn("compute-domain-kubelet-plugin", argv, env)
+        self.kubectl("apply", "--server-side", "-f", "-", input=manifests)
         self._wait_each(
             "NVIDIA's GPU ResourceSlices", lambda n: n.slice_devices(nvidia_dra.GPU_DRIVER) >= n.gpus, timeout=120
         )
         self._wait_each(
-            "NVIDIA's IMEX channel ResourceSlices",
-            lambda n: n.slice_devices(nvidia_dra.COMPUTE_DOMAIN_DRIVER) > 0,
-            timeout=30,
+            "NVIDIA's IMEX channel ResourceSlices", lambda n: n.slice_devices(nvidia_dra.COMPUTE_DOMAIN_DRIVER) > 0
         )
+        self.wait("NVIDIA's DRA driver pods Ready (the controller, a kubelet plugin per node)", self._nvidia_dra_ready)
+
+    def _nvidia_dra_ready(self) -> bool:
+        pods = self.get(f"/api/v1/namespaces/{nvidia_dra.NAMESPACE}/pods").get("items", [])
+        ready = [p for p in pods if nvidia_dra.pod_ready(p)]
+        components = [p["metadata"].get("labels", {}).get(nvidia_dra.COMPONENT) for p in ready]
+        return components.count("kubelet-plugin") == len(self.nodes) and "controller" in components
 
     def _up_dcgm_exporter(self, cache: Path | None) -> None:
         from . import dcgm

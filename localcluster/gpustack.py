@@ -29,6 +29,9 @@ DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 # The driver root's parts, bind-mounted in the namespace: real directories, so that what NVIDIA's
 # tools resolve (e.g. libcuda's directory, by EvalSymlinks) stays inside the driver root.
 DRIVER_ROOT_PARTS = ("usr", "dev", "proc")  # proc: what NVIDIA's DRA driver reads under the driver root
+# Where NVIDIA's DRA driver (its chart, `--allocator nvidia-dra`) finds every node's driver root, as
+# on a node whose driver runs in GPU Operator's driver container.
+CHART_DRIVER_ROOT = "/run/nvidia/driver"
 
 
 def stage_node(layout: NodeLayout, profile: Profile, nvidia_smi: Path) -> nodelayout.NodeLayout:

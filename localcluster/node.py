@@ -143,8 +143,16 @@ class Node:
             f.write_text(host_sysctls[key] + "\n")
             binds.append([str(f), f"/proc/sys/{key}"])
         sys_binds, links = gpustack.namespace_entries(layout)
+        view: dict[str, Any] = {"binds": binds + sys_binds, "links": links}
+        if self.cluster.state.options.get("allocator") == "nvidia-dra":
+            # NVIDIA's chart: one driver root for every node, at the path a driver container's has;
+            # its plugins mount the kubelet's directory Bidirectional and the driver root
+            # HostToContainer, which containerd allows from shared mounts only.
+            (layout.ns / config.PRIVATE_PATHS["/run/nvidia"] / "driver").mkdir(exist_ok=True)
+            view["binds"].append([str(layout.driver_root), gpustack.CHART_DRIVER_ROOT])
+            view["shared"] = ["/var/lib/kubelet", "/run/nvidia"]
         self.record["namespace_inode"] = self.cluster.start_holder(
-            self.proc_name("namespace"), {"binds": binds + sys_binds, "links": links}, layout.ns, layout.logs
+            self.proc_name("namespace"), view, layout.ns, layout.logs
         )
 
     def start_containerd(self, ctrd: Path) -> None:

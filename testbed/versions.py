@@ -118,7 +118,7 @@ HELM = GoBuild(
     module="helm.sh/helm/v3",
     version=HELM_VERSION,
     commands=("helm.sh/helm/v3/cmd/helm",),
-    why="the chart tests' helm lint / template",
+    why="the chart tests' helm lint / template; NVIDIA's DRA chart (mokka cluster up --allocator nvidia-dra)",
     # What helm's release build stamps in: its version and the Kubernetes version it renders for.
     ldflags=(
         f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",

@@ -116,10 +116,11 @@ def claim_pod(
     selector: str | None = None,
     annotations: dict[str, str] | None = None,
     device_class: str = "gpu.nvidia.com",
+    probe: str = CLAIM_PROBE,
 ) -> str:
     """A ResourceClaimTemplate ``template`` (default: the pod's name) of one device of
-    ``device_class`` (optionally CEL-selected) and a pod ``name`` using it that runs
-    :data:`CLAIM_PROBE`, as YAML for ``kubectl apply``."""
+    ``device_class`` (optionally CEL-selected) and a pod ``name`` using it that runs ``probe``
+    (default :data:`CLAIM_PROBE`), as YAML for ``kubectl apply``."""
     template = template or name
     cel = f"\n              selectors: [{{cel: {{expression: {json.dumps(selector)}}}}}]" if selector else ""
     return textwrap.dedent(f"""
@@ -146,7 +147,7 @@ def claim_pod(
       - name: probe
         image: {WORKLOAD_IMAGE}
         imagePullPolicy: Never
-        command: ["sh", "-c", {json.dumps(CLAIM_PROBE)}]
+        command: ["sh", "-c", {json.dumps(probe)}]
         resources:
           claims:
           - {{name: gpu}}

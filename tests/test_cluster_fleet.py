@@ -304,3 +304,84 @@ def test_a_node_that_fails_to_come_up_fails_up_naming_it_and_the_step(tmp_path: 
     assert len(errors) == 1 and errors[0].startswith("mokka: error: node lost-1: allocatable GPUs: "), res.stderr
     assert "nvidia-device-plugin@lost-1 exited" in errors[0]
     assert leftovers(base) == []
+
+
+def imex_pod(name: str, node: Any, script: str, ctl: Path) -> dict[str, Any]:
+    """A pod on ``node`` running the node's mock IMEX daemon from its driver root (``/imex``), Ready
+    while ``nvidia-imex-ctl -q`` answers READY (the check NVIDIA's compute-domain daemon runs);
+    ``ctl`` (``/ctl``) holds the daemons' configuration and node list, written by the test."""
+    ready = '[ "$(/imex/nvidia-imex-ctl -c /ctl/imex.cfg -q)" = READY ]'
+    container = {
+        "name": "imex",
+        "image": "localhost/mokka/workload:1",
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", script],
+        "readinessProbe": {"exec": {"command": ["sh", "-c", ready]}, "periodSeconds": 1},
+        "volumeMounts": [{"name": "imex", "mountPath": "/imex"}, {"name": "ctl", "mountPath": "/ctl"}],
+    }
+    bindir = str(node.layout.node_root / "driver" / "usr" / "bin")
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"mokka.io/inject": "false"}},
+        "spec": {
+            "nodeName": node.name,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [container],
+            "volumes": [
+                {"name": "imex", "hostPath": {"path": bindir, "type": "Directory"}},
+                {"name": "ctl", "hostPath": {"path": str(ctl), "type": "Directory"}},
+            ],
+        },
+    }
+
+
+def test_imex_daemons_on_two_nodes_connect_over_the_pod_network(fleet_cluster: Cluster, tmp_path: Path) -> None:
+    """The node's mock nvidia-imex (the project's own, from each node's driver root) in a pod on
+    each of two nodes: real TCP between the pods' addresses on different nodes. Both are READY
+    once connected; the peer's daemon killed makes the other NOT_READY and report it lost;
+    readiness returns when it is back."""
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(fleet_cluster.api())
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    (ctl / "imex.cfg").write_text(
+        "SERVER_PORT=50000\nIMEX_CMD_PORT=50005\nIMEX_CMD_BIND_INTERFACE_IP=127.0.0.1\n"
+        "IMEX_NODE_CONFIG_FILE=/ctl/nodes.cfg\n"
+    )
+    a_node, b_node = fleet_cluster.node("h100-0"), fleet_cluster.node("t4-3")
+    # b's daemon runs while /ctl/stop is absent: the test kills it and brings it back
+    b_script = (
+        "while true; do [ -e /ctl/stop ] && { sleep 0.3; continue; }; /imex/nvidia-imex -c /ctl/imex.cfg & p=$!; "
+        "while [ ! -e /ctl/stop ] && kill -0 $p 2>/dev/null; do sleep 0.3; done; kill -9 $p; wait $p; done"
+    )
+    core.create_namespaced_pod("default", imex_pod("imex-a", a_node, "exec /imex/nvidia-imex -c /ctl/imex.cfg", ctl))
+    core.create_namespaced_pod("default", imex_pod("imex-b", b_node, b_script, ctl))
+    try:
+
+        def address(pod: str) -> Any:
+            status = core.read_namespaced_pod(pod, "default").status
+            return status.pod_ip if status.phase == "Running" else None
+
+        ips = [wait_for(f"{p} Running", lambda p=p: address(p), 60) for p in ("imex-a", "imex-b")]  # type: ignore[misc]
+        assert ips[0] != ips[1]
+        (ctl / "nodes.cfg").write_text("".join(f"{ip}\n" for ip in ips))  # what the domain's daemons are given
+
+        def ready(pod: str) -> bool:
+            conds = core.read_namespaced_pod(pod, "default").status.conditions or []
+            return any(c.type == "Ready" and c.status == "True" for c in conds)
+
+        for pod in ("imex-a", "imex-b"):
+            wait_for(f"{pod} READY", lambda p=pod: ready(p), 30)  # type: ignore[misc]
+        (ctl / "stop").touch()
+        wait_for("imex-a NOT_READY with its peer gone", lambda: not ready("imex-a"), 30)
+        log = core.read_namespaced_pod_log("imex-a", "default")
+        assert f"node #1 {ips[1]} ({ips[1]}) lost" in log, log
+        (ctl / "stop").unlink()
+        for pod in ("imex-a", "imex-b"):
+            wait_for(f"{pod} READY again", lambda p=pod: ready(p), 30)  # type: ignore[misc]
+        assert f"node #0 {ips[0]} ({ips[0]}) connected" in core.read_namespaced_pod_log("imex-b", "default")
+    finally:
+        for pod in ("imex-a", "imex-b"):
+            core.delete_namespaced_pod(pod, "default", grace_period_seconds=0)

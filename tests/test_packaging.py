@@ -59,11 +59,19 @@ def venv(wheel: Path) -> Iterator[Path]:
     shutil.rmtree(venv, ignore_errors=True)
 
 
-def mokka(venv: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """The installed command, run from a directory that is not the checkout, with a minimal environment."""
+def mokka(
+    venv: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The installed command, run from a directory that is not the checkout, with a minimal environment
+    (and ``env``)."""
     with tempfile.TemporaryDirectory(prefix="mokka-cwd-") as cwd:
         return subprocess.run(
-            [str(venv / "bin/mokka"), *args], capture_output=True, text=True, cwd=cwd, env=ENV, timeout=timeout
+            [str(venv / "bin/mokka"), *args],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            env={**ENV, **(env or {})},
+            timeout=timeout,
         )
 
 
@@ -77,6 +85,10 @@ def test_the_wheel_carries_the_native_libraries_and_the_data_files(wheel: Path) 
         "gpumodel/scenarios/ecc-storm.yaml",
         "nri_mokka/nri/proto/nri.proto",
         "testbed/kube/gosrc/kube.go",  # `mokka cluster`'s Kubernetes build
+        # NVIDIA's DRA driver image: the controller's and plugin's templates, the plugins' start check
+        "localcluster/nvidia_dra/rootfs/templates/compute-domain-daemon.tmpl.yaml",
+        "localcluster/nvidia_dra/rootfs/templates/compute-domain-daemon-config.tmpl.cfg",
+        "localcluster/nvidia_dra/rootfs/usr/bin/kubelet-plugin-prestart.sh",
     }
     assert data <= names
     generated = sorted({n.split("/_pb/")[0] for n in names if "/_pb/" in n})
@@ -108,13 +120,23 @@ def test_demo_from_the_installed_package(venv: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.root
-@pytest.mark.parametrize("allocator", ["device-plugin", "dra"])
+@pytest.mark.parametrize("allocator", ["device-plugin", "dra", "nvidia-dra"])
 def test_cluster_from_the_installed_package(venv: Path, allocator: str) -> None:
+    """``nvidia-dra``: NVIDIA's chart and the image built from its binaries, brought as a user
+    brings them (``$MOKKA_NVIDIA_DRA_DIR``: an installed package has no checkout beside it)."""
     if os.geteuid() != 0:
         pytest.skip("a local cluster needs root")
+    env = {}
+    if allocator == "nvidia-dra":
+        from localcluster import nvidia_dra
+
+        if (brought := nvidia_dra.source_dir()) is None:
+            pytest.skip(f"no NVIDIA DRA driver (${nvidia_dra.ENV_DIR})")
+        env[nvidia_dra.ENV_DIR] = str(brought)
     base = Path(tempfile.mkdtemp(prefix="mk-", dir="/tmp")) / "c"  # short: containerd's socket paths
     try:
-        res = mokka(venv, "cluster", "up", "--dir", str(base), "--gpus", "2", "--allocator", allocator)
+        args = ("cluster", "up", "--dir", str(base), "--gpus", "2", "--allocator", allocator)
+        res = mokka(venv, *args, env=env)
         assert res.returncode == 0, res.stderr[-3000:]
         assert res.stdout.startswith(f"export KUBECONFIG={base}/")
         status = mokka(venv, "cluster", "status", "--dir", str(base))

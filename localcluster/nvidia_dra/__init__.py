@@ -1,127 +1,136 @@
-"""NVIDIA's DRA driver for GPUs on the local cluster (``mokka cluster up --allocator nvidia-dra``).
+"""NVIDIA's DRA driver for GPUs on the local cluster (``mokka cluster up --allocator nvidia-dra``),
+installed as NVIDIA installs it: its own Helm chart, rendered by helm and applied unchanged, its
+pods running the driver's image built here (:mod:`.image`) from the user's binaries.
 
-NVIDIA's own kubelet plugins run on every real node as host processes in the node's namespace,
-with the flags and environment NVIDIA's chart gives its DaemonSet, pointed at the node's mock
-driver root:
+- The kubelet-plugin DaemonSet runs ``gpu-kubelet-plugin`` (driver ``gpu.nvidia.com``: the GPUs as
+  ResourceSlices with NVIDIA's attributes, NVIDIA's CDI specs) and ``compute-domain-kubelet-plugin``
+  (``compute-domain.nvidia.com``: the IMEX channels and the daemon device, from the IMEX surface
+  host setup staged) on every real node.
+- The controller Deployment turns each ComputeDomain into a DaemonSet of IMEX daemons (the same
+  image's ``compute-domain-daemon``, driving the node's mock ``nvidia-imex``) and the claim
+  templates of its daemons and workloads.
+- The chart's CRDs, DeviceClasses, RBAC and admission policy come with it.
 
-- ``gpu-kubelet-plugin`` (driver ``gpu.nvidia.com``) reads the GPUs through the mock NVML,
-  publishes them as ResourceSlices with NVIDIA's attributes and writes NVIDIA's CDI specs (with
-  ``nvidia-cdi-hook``, built from the Go module proxy) into the node's private ``/var/run/cdi``.
-- NVIDIA's CRDs (ComputeDomain, ComputeDomainClique) from its chart, and its DeviceClasses.
-- ``compute-domain-kubelet-plugin`` (driver ``compute-domain.nvidia.com``) reads the IMEX surface
-  host setup staged: the node's ``/proc/devices`` through ``ALT_PROC_DEVICES_PATH`` (never the
-  host's), the fabric-imex-mgmt capability under the driver root, and each GPU's fabric clique;
-  it publishes the IMEX channels and the daemon device.
+What the mock node gives the chart (:func:`values`): every node's driver root at one path,
+:data:`DRIVER_ROOT` (``usr``, ``dev`` and ``proc`` of the staged node, bound in the node's
+namespace as a driver container's root is), its ``/proc/devices`` as ``altProcDevices`` (never the
+host's), and NFD's PCI labels on the node (:func:`nfd_labels`), which the chart's node affinity
+asks for. The cluster runs no device plugin beside it, which the chart wants said
+(``gpuResourcesEnabledOverride``).
 
-The binaries come from NVIDIA's repository (no registry serves them): ``$MOKKA_NVIDIA_DRA_DIR``
-names a directory holding ``gpu-kubelet-plugin`` and ``compute-domain-kubelet-plugin`` (plain or
-``.xz``), else the checkout's ``../shared/thirdparty/k8s-dra-driver-gpu``. The DeviceClasses are
-the ones NVIDIA's chart installs.
+NVIDIA's binaries and chart come from its repository (no registry serves them):
+``$MOKKA_NVIDIA_DRA_DIR`` names a directory holding the four programs (plain or ``.xz``) and
+``chart/``, else the checkout's ``../shared/thirdparty/k8s-dra-driver-gpu``.
 """
 
 from __future__ import annotations
 
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gpumodel.profile import Profile
+from k8snode import nodeinfo
 from testbed import thirdparty
 
-from .config import NodeLayout
+from ..gpustack import CHART_DRIVER_ROOT
+from . import image
 
 ENV_DIR = "MOKKA_NVIDIA_DRA_DIR"
-KUBELET_PLUGINS = ("gpu-kubelet-plugin", "compute-domain-kubelet-plugin")
 NAMESPACE = "nvidia-dra-driver-gpu"  # the chart's usual release namespace
+RELEASE = "nvidia-dra"
 GPU_DRIVER = "gpu.nvidia.com"
 COMPUTE_DOMAIN_DRIVER = "compute-domain.nvidia.com"
-CDI_ROOT = "/var/run/cdi"  # the node's private CDI directory (containerd reads it)
+DRIVER_ROOT = CHART_DRIVER_ROOT
+COMPONENT = "nvidia-dra-driver-gpu-component"  # the chart's pod label: controller | kubelet-plugin
+DAEMON_LABEL = "resource.nvidia.com/computeDomain"  # the controller's label on a domain's daemons
 
 
 class NvidiaDraUnavailable(RuntimeError):
-    """NVIDIA's DRA driver binaries are not where they were looked for; the message says where."""
+    """NVIDIA's DRA driver is not where it was looked for, or its chart does not render; the message
+    says which."""
+
+
+@dataclass(frozen=True)
+class Brought:
+    """What the user brought: NVIDIA's programs (unpacked) and its chart."""
+
+    programs: dict[str, Path]
+    chart: Path
+
+    @property
+    def image(self) -> str:
+        return image.name(self.chart)
 
 
 def source_dir() -> Path | None:
     return thirdparty.directory(ENV_DIR, "k8s-dra-driver-gpu")
 
 
-def binaries(cache: Path) -> dict[str, Path]:
-    """The kubelet plugins' executables (unpacked into ``cache`` once)."""
+def find(cache: Path) -> Brought:
+    """NVIDIA's programs (unpacked into ``cache`` once) and chart."""
     src = source_dir()
     if src is None:
         raise NvidiaDraUnavailable(
-            f"--allocator nvidia-dra needs NVIDIA's {', '.join(KUBELET_PLUGINS)} "
-            f"(github.com/NVIDIA/k8s-dra-driver-gpu): set {ENV_DIR} to the directory holding them"
+            f"--allocator nvidia-dra needs NVIDIA's DRA driver (github.com/NVIDIA/k8s-dra-driver-gpu): "
+            f"set {ENV_DIR} to a directory holding {', '.join(image.PROGRAMS)} and its chart/"
         )
+    if not (src / "chart" / "Chart.yaml").is_file():
+        raise NvidiaDraUnavailable(f"{ENV_DIR}={src}: no chart/Chart.yaml (NVIDIA's Helm chart belongs there)")
     try:
-        return thirdparty.unpacked(src, KUBELET_PLUGINS, cache / "nvidia-dra")
+        programs = thirdparty.unpacked(src, image.PROGRAMS, cache / "nvidia-dra")
     except thirdparty.Missing as exc:
         raise NvidiaDraUnavailable(f"{ENV_DIR}={src}: {exc}") from None
+    return Brought(programs, src / "chart")
 
 
-def _common(layout: NodeLayout, hook: Path) -> list[str]:
-    root = str(layout.driver_root)
-    return [
-        f"--node-name={layout.name}",
-        f"--kubeconfig={layout.cluster.admin_kubeconfig}",
-        f"--nvidia-driver-root={root}",
-        f"--container-driver-root={root}",  # a host process: NVML and nvidia-smi are found there
-        f"--cdi-root={CDI_ROOT}",
-        f"--nvidia-cdi-hook-path={hook}",
-        f"--namespace={NAMESPACE}",
-    ]
+def values() -> dict[str, Any]:
+    """The chart's values for mock nodes (see the module's docstring)."""
+    return {
+        "nvidiaDriverRoot": DRIVER_ROOT,
+        "altProcDevices": f"{DRIVER_ROOT}/proc/devices",
+        "gpuResourcesEnabledOverride": True,
+    }
 
 
-def gpu_plugin_argv(binary: Path, layout: NodeLayout, hook: Path) -> list[str]:
-    # --image-name is used only for the MPS control daemon's pods (MPS is off): any name does.
-    return [str(binary), *_common(layout, hook), "--image-name=localhost/mokka/nvidia-dra:unused"]
+def render(helm: Path, chart: Path, kube_version: str, out: Path) -> str:
+    """NVIDIA's chart rendered by helm for this cluster (its Kubernetes version, DRA's v1 API) with
+    :func:`values`, its CRDs included; the values file is written to ``out``."""
+    out.write_text(yaml.safe_dump(values(), sort_keys=False))
+    argv = [str(helm), "template", RELEASE, str(chart), "--namespace", NAMESPACE, "--include-crds"]
+    argv += ["--kube-version", kube_version.lstrip("v"), "--api-versions", "resource.k8s.io/v1", "-f", str(out)]
+    res = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        why = " ".join(res.stderr.split())[:400]
+        raise NvidiaDraUnavailable(f"helm template {chart}: {why}")
+    return res.stdout
 
 
-def compute_domain_plugin_argv(binary: Path, layout: NodeLayout, hook: Path) -> list[str]:
-    return [str(binary), *_common(layout, hook)]
+def nfd_labels(profile: Profile) -> dict[str, str]:
+    """The labels Node Feature Discovery puts on a node with these GPUs (its PCI features), which
+    NVIDIA's chart places its kubelet plugins by."""
+    return {f"feature.node.kubernetes.io/{key}": value for key, value in nodeinfo.nfd_features(profile).items()}
 
 
-def env(layout: NodeLayout) -> dict[str, str]:
-    """NVML on the library path (as in NVIDIA's pods), and the node's /proc/devices (the chart's
-    ``altProcDevices``) instead of the host's."""
-    out = {"LD_LIBRARY_PATH": str(layout.driver_root / "usr" / "lib64")}
-    out["ALT_PROC_DEVICES_PATH"] = str(layout.driver_root / "proc" / "devices")
-    return out
-
-
-def crds() -> list[dict[str, Any]]:
-    """NVIDIA's CustomResourceDefinitions (ComputeDomain, ComputeDomainClique), from its chart
-    beside the binaries (``chart/crds``)."""
-    src = source_dir()
-    found = sorted((src / "chart" / "crds").glob("*.yaml")) if src else []
-    if not found:
-        raise NvidiaDraUnavailable(f"no chart/crds/*.yaml in {src} ({ENV_DIR}): NVIDIA's chart holds them")
-    return [doc for path in found for doc in yaml.safe_load_all(path.read_text()) if doc]
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """Every container of ``pod`` Ready (as the API server has it)."""
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    return bool(statuses) and all(s.get("ready") for s in statuses)
 
 
 def namespace() -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
 
 
-def device_classes() -> list[dict[str, Any]]:
-    """NVIDIA's DeviceClasses (its chart's selectors): whole GPUs, the default IMEX channel, the
-    ComputeDomain daemon's device."""
-
-    def cls(name: str, expression: str) -> dict[str, Any]:
-        return {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": expression}}]},
-        }
-
-    cd = f"device.attributes['{COMPUTE_DOMAIN_DRIVER}']"
-    return [
-        cls(GPU_DRIVER, f"device.driver == '{GPU_DRIVER}' && device.attributes['{GPU_DRIVER}'].type == 'gpu'"),
-        cls(
-            "compute-domain-default-channel.nvidia.com",
-            f"device.driver == '{COMPUTE_DOMAIN_DRIVER}' && {cd}.type == 'channel' && {cd}.id == 0",
-        ),
-        cls("compute-domain-daemon.nvidia.com", f"device.driver == '{COMPUTE_DOMAIN_DRIVER}' && {cd}.type == 'daemon'"),
-    ]
+def compute_domain(name: str, num_nodes: int, template: str, namespace: str = "default") -> dict[str, Any]:
+    """A ComputeDomain of ``num_nodes`` nodes whose workloads claim a channel through the
+    ResourceClaimTemplate ``template`` (made by NVIDIA's controller)."""
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"numNodes": num_nodes, "channel": {"resourceClaimTemplate": {"name": template}}},
+    }

@@ -129,8 +129,9 @@ def node_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., 
     default="device-plugin",
     show_default=True,
     help="Who hands out the GPUs: NVIDIA's device plugin, Mokka's DRA driver (dra), NVIDIA's DRA driver "
-    "(nvidia-dra: its gpu- and compute-domain-kubelet-plugin, binaries from $MOKKA_NVIDIA_DRA_DIR), or nobody "
-    "(the NRI plugin gives every container all GPUs). GFD labels the node either way.",
+    "(nvidia-dra: NVIDIA's Helm chart, GPU claims and ComputeDomains, its image built from the binaries and chart "
+    "in $MOKKA_NVIDIA_DRA_DIR), or nobody (the NRI plugin gives every container all GPUs). GFD labels the node "
+    "either way.",
 )
 @click.option(
     "--device-list-strategy",
@@ -298,6 +299,26 @@ def status_cmd(base: Path) -> None:
     healthy = healthy and all(p["ready"] == p["wanted"] for p in status["virtual"] + status["fgo"])
     healthy = healthy and all(s == "running" for n in status["nodes"] for s in n["processes"].values())
     sys.exit(0 if healthy else 1)
+
+
+@bench.command("dra")
+@click.option("--rounds", type=click.IntRange(1, 100), default=5, show_default=True, help="Claims (and domains) timed.")
+def bench_dra(rounds: int) -> None:
+    """Claim created → pod Running: 1 GPU with Mokka's DRA plugin and with NVIDIA's DRA driver, and a
+    2-node ComputeDomain (NVIDIA's), on two nodes of one rack; side by side, in one run.
+
+    NVIDIA's binaries and chart come from $MOKKA_NVIDIA_DRA_DIR (see `mokka cluster up --allocator nvidia-dra`).
+    """
+    from localcluster import bench_dra, nvidia_dra
+    from localcluster.cluster import ClusterError
+
+    try:
+        from testbed import debcache
+
+        nvidia_dra.find(debcache.default_cache())
+        bench_dra.run(rounds)
+    except (ClusterError, nvidia_dra.NvidiaDraUnavailable) as exc:
+        fail(f"{exc}, mokka bench dra")
 
 
 @bench.command("cluster")
