@@ -23,6 +23,9 @@ Layout under ROOT (default /var/lib/mokka)::
     dev/nvidia-caps/nvidia-cap4323                           fabric-imex-mgmt, the IMEX daemon's (same boards)
     proc/driver/nvidia/..., proc/modules                     driver's procfs files
     proc/devices                                             the driver's majors (NVIDIA DRA's ALT_PROC_DEVICES_PATH)
+    driver/dev/..., driver/proc/...                          the same device nodes and procfs files again: driver/ is
+                                                             a whole driver root (usr, dev, proc), as a driver
+                                                             container's is, for tools given one (NVIDIA's DRA chart)
     sys/...                                                  PCI sysfs tree, /sys/module/nvidia
     lib/libmokka-sysfs.so                                    LD_PRELOAD redirect for C tools
     node.json                                                the layout the plugin and CDI read
@@ -153,6 +156,18 @@ def plan(profile: Profile, options: Options) -> Plan:
         imex_tools=str(root / "driver" / "usr" / "bin"),
     )
     p = Plan(profile, options, layout)
+    dev_root, driver_dev = Path(layout.dev_root), root / "driver" / "dev"
+
+    def made(nodes: list[edits.DeviceNode]) -> list[tuple[Path, int, int, int]]:
+        """``nodes`` under dev/ and again under driver/dev/."""
+        out = []
+        for n in nodes:
+            path = Path(n.host_path)
+            out += [
+                (path, n.major, n.minor, n.file_mode),
+                (driver_dev / path.relative_to(dev_root), n.major, n.minor, n.file_mode),
+            ]
+        return out
 
     def driver(j: Journal) -> None:
         for f in staged.files:
@@ -202,12 +217,13 @@ def plan(profile: Profile, options: Options) -> Plan:
 
     def nodes(j: Journal) -> None:
         wanted = [edits.gpu_node(layout, g) for g in layout.gpus] + edits.control_nodes(layout)
-        j.mknods((Path(n.host_path), n.major, n.minor, n.file_mode) for n in wanted)
+        j.mknods(made(wanted))
 
     p.steps.append(
         Step(
-            f"device nodes under {layout.dev_root}: nvidia0..{len(devices) - 1} (major {numbers.gpu}), "
-            f"nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools (major {numbers.uvm}; {numbers.mode} numbers)",
+            f"device nodes under {layout.dev_root} (and driver/dev): nvidia0..{len(devices) - 1} "
+            f"(major {numbers.gpu}), nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools "
+            f"(major {numbers.uvm}; {numbers.mode} numbers)",
             nodes,
         )
     )
@@ -217,11 +233,12 @@ def plan(profile: Profile, options: Options) -> Plan:
     if all(d.spec.fabric.state != "Not Supported" for d in devices):
 
         def imex_nodes(j: Journal) -> None:
-            j.mknods((Path(n.host_path), n.major, n.minor, n.file_mode) for n in edits.imex_nodes(layout))
+            j.mknods(made(edits.imex_nodes(layout)))
 
         p.steps.append(
             Step(
-                f"IMEX nodes under {layout.dev_root}: nvidia-caps-imex-channels/channel0 (major {numbers.imex}), "
+                f"IMEX nodes under {layout.dev_root} (and driver/dev): nvidia-caps-imex-channels/channel0 "
+                f"(major {numbers.imex}), "
                 f"nvidia-caps/nvidia-cap{mig.FABRIC_IMEX_MINOR} (fabric-imex-mgmt, major {numbers.caps})",
                 imex_nodes,
             )
@@ -234,12 +251,13 @@ def plan(profile: Profile, options: Options) -> Plan:
 
         def cap_nodes(j: Journal) -> None:
             wanted = [edits.mig_cap_node(layout, minor) for minor in caps]
-            j.mknods((Path(n.host_path), n.major, n.minor, n.file_mode) for n in wanted)
+            j.mknods(made(wanted))
 
         p.steps.append(
             Step(
-                f"MIG capability nodes under {layout.dev_root}/nvidia-caps: config, monitor and every GPU and "
-                f"compute instance the {len(mig_boards)} MIG-capable GPU(s) can hold (major {numbers.caps})",
+                f"MIG capability nodes under {layout.dev_root}/nvidia-caps (and driver/dev): config, monitor and "
+                f"every GPU and compute instance the {len(mig_boards)} MIG-capable GPU(s) can hold "
+                f"(major {numbers.caps})",
                 cap_nodes,
             )
         )
@@ -250,10 +268,11 @@ def plan(profile: Profile, options: Options) -> Plan:
     def trees(j: Journal) -> None:
         for top in sysfs.TOPS:
             j.install_tree(root / top, functools.partial(sysfs.write_part, tree, empty, top))
+        j.install_tree(root / "driver" / "proc", functools.partial(sysfs.write_part, tree, empty, "proc"))
 
     p.steps.append(
         Step(
-            f"procfs and sysfs trees under {root}/proc and {root}/sys: /proc/driver/nvidia, "
+            f"procfs and sysfs trees under {root}/proc (and driver/proc) and {root}/sys: /proc/driver/nvidia, "
             "/proc/modules, /proc/devices, PCI functions, /sys/module/nvidia",
             trees,
         )
