@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ def test_the_kubelet_sees_exactly_the_faulted_gpus_go(cluster: Any) -> None:
         env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+    lines: list[str] = []  # the watcher's output as it comes (it reports after each change is made)
+    reader = threading.Thread(target=lambda: lines.extend(iter(watcher.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
     try:
         entry = "steps: [{gpu: 3, xid: 79}, {gpu: 0, temperature: 88}]"
         core.create_namespaced_config_map(
@@ -69,10 +73,13 @@ def test_the_kubelet_sees_exactly_the_faulted_gpus_go(cluster: Any) -> None:
             _content_type="application/json-patch+json",
         )  # fmt: skip
         wait_for("faults cleared", lambda: faults.applied_tag(target) == 0, 60)
-        assert all(lines[0].startswith("events raised") for lines in faults.active(target).values())
+        assert all(active[0].startswith("events raised") for active in faults.active(target).values())
+        wait_for("the watcher's report of it", lambda: any("no entry" in line for line in lines), 30)
     finally:
         watcher.terminate()
-        out, _ = watcher.communicate(timeout=30)
+        watcher.wait(timeout=30)
+        reader.join(timeout=30)
         core.delete_namespaced_config_map("mokka-faults", "default")
+    out = "".join(lines)
     assert f"ConfigMap default/mokka-faults key {node}: 2 fault(s) to apply" in out, out
     assert "no entry: faults cleared" in out, out
