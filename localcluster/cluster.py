@@ -626,8 +626,17 @@ class Cluster:
         self.save()
 
     def _up_nvidia_dra(self, hook: Path, helm: Path, profs: list[profiles.Profile], cache: Path) -> None:
-        """NVIDIA's chart rendered for the mock nodes and applied; its image built and imported into
-        every node; NFD's PCI labels on the nodes (its kubelet plugins' node affinity)."""
+        """NFD's PCI labels on the nodes (its kubelet plugins' node affinity; Mokka's chart sets
+        ``nvidia.com/gpu.present`` instead), then NVIDIA's driver."""
+        for n, prof in zip(self.nodes, profs, strict=True):
+            n.label(nvidia_dra.nfd_labels(prof))
+        self.install_nvidia_dra(hook, helm, cache)
+
+    def install_nvidia_dra(self, hook: Path, helm: Path, cache: Path) -> None:
+        """NVIDIA's DRA driver on nodes staged at /var/lib/mokka (by ``up``, or by Mokka's chart):
+        its image built and imported into every node, its chart rendered with
+        :func:`nvidia_dra.values` and applied; returns when every node's GPUs and IMEX channels are
+        in ResourceSlices and its pods are Ready. ``hook``: nvidia-cdi-hook; ``helm``: helm."""
         from concurrent.futures import ThreadPoolExecutor
 
         from .nvidia_dra import image
@@ -643,8 +652,6 @@ class Cluster:
         with ThreadPoolExecutor(len(nodes)) as pool:  # each node's containerd unpacks it
             list(pool.map(lambda n: n.ctr("images", "import", str(tarball.absolute())), nodes))
         tarball.unlink()
-        for n, prof in zip(nodes, profs, strict=True):
-            n.label(nvidia_dra.nfd_labels(prof))
         self.post("/api/v1/namespaces", nvidia_dra.namespace())
         self.kubectl("apply", "--server-side", "-f", "-", input=manifests)
         self._wait_each(

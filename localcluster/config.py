@@ -174,8 +174,9 @@ class NodeLayout:
 
     @property
     def driver_root(self) -> Path:
-        """The driver root NVIDIA's tools are pointed at (library and device nodes)."""
-        return self.base / "driver-root"
+        """The driver root NVIDIA's tools are pointed at: the staged node's ``driver`` (``usr``,
+        ``dev``, ``proc``), as a driver container's root."""
+        return self.node_root / "driver"
 
     @property
     def ns(self) -> Path:

@@ -2,9 +2,11 @@
 NVIDIA's device plugin (or the hook for a DRA driver) and GPU Feature Discovery.
 
 NVIDIA's tools run as host processes in the cluster's mount namespace, with their ordinary flags:
-``--driver-root`` names :attr:`NodeLayout.driver_root`, which holds the driver's ``usr`` (library,
-nvidia-smi) and ``dev`` (device nodes) — the device plugin looks for device nodes inside the
-driver root. The staged sysfs entries appear at the real ``/sys`` paths inside the namespace (see
+``--driver-root`` names :attr:`NodeLayout.driver_root`, the staged node's ``driver``, which holds
+the driver's ``usr`` (library, nvidia-smi), ``dev`` (device nodes: the device plugin looks for them
+inside the driver root) and ``proc`` (what NVIDIA's DRA driver reads there), real directories all,
+so that what NVIDIA's tools resolve (e.g. libcuda's directory, by EvalSymlinks) stays inside it.
+The staged sysfs entries appear at the real ``/sys`` paths inside the namespace (see
 :func:`namespace_entries`): PCI functions under ``/sys/bus/pci/devices`` as symlinks into
 ``/sys/devices/pci<domain>:<bus>`` (so a ``readlink`` names the PCI root), the ``nvidia`` driver
 and modules, and DMI's ``product_name`` (GFD's ``gpu.machine``).
@@ -26,34 +28,18 @@ from .config import NodeLayout
 ALLOCATORS = ("device-plugin", "dra", "nvidia-dra", "none")
 MIG_STRATEGIES = ("none", "single", "mixed")  # the device plugin's and GFD's --mig-strategy
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
-# The driver root's parts, bind-mounted in the namespace: real directories, so that what NVIDIA's
-# tools resolve (e.g. libcuda's directory, by EvalSymlinks) stays inside the driver root.
-DRIVER_ROOT_PARTS = ("usr", "dev", "proc")  # proc: what NVIDIA's DRA driver reads under the driver root
-# Where NVIDIA's DRA driver (its chart, `--allocator nvidia-dra`) finds every node's driver root, as
-# on a node whose driver runs in GPU Operator's driver container.
-CHART_DRIVER_ROOT = "/run/nvidia/driver"
 
 
 def stage_node(layout: NodeLayout, profile: Profile, nvidia_smi: Path) -> nodelayout.NodeLayout:
-    """``mokka host setup`` under the node's ``node/``, and the mount points of the driver root NVIDIA's
-    tools are pointed at (filled in the namespace: see :func:`namespace_entries`)."""
+    """``mokka host setup`` under the node's ``node/``."""
     plan = hostnode.plan(profile, hostnode.Options(root=layout.node_root, nvidia_smi=nvidia_smi))
     hostnode.apply(plan)
-    for name in DRIVER_ROOT_PARTS:
-        (layout.driver_root / name).mkdir(parents=True, exist_ok=True)
     return nodelayout.NodeLayout.load(layout.node_root)
 
 
 def unstage_node(layout: NodeLayout) -> list[str]:
     """Undo :func:`stage_node` (host cleanup restores the node's ``node/``); returns problems."""
     problems: list[str] = []
-    for d in [layout.driver_root / name for name in DRIVER_ROOT_PARTS] + [layout.driver_root]:
-        try:
-            d.unlink() if d.is_symlink() else d.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            problems.append(f"{d}: {exc.strerror}")
     if (layout.node_root / "node.json").exists() or (layout.node_root / ".mokka").exists():
         try:
             hostnode.cleanup(layout.node_root)
@@ -63,12 +49,9 @@ def unstage_node(layout: NodeLayout) -> list[str]:
 
 
 def namespace_entries(layout: NodeLayout) -> tuple[list[list[str]], list[list[str]]]:
-    """(binds, links) inside the namespace: the driver root's parts, and the staged sysfs at the
-    real /sys paths."""
+    """(binds, links) inside the namespace: the staged sysfs at the real /sys paths."""
     sys_root = layout.node_root / "sys"
-    binds = [[str(layout.node_root / "driver" / "usr"), str(layout.driver_root / "usr")]]
-    binds.append([str(layout.node_root / "dev"), str(layout.driver_root / "dev")])
-    binds.append([str(layout.node_root / "proc"), str(layout.driver_root / "proc")])
+    binds: list[list[str]] = []
     links: list[list[str]] = []
     devices = sys_root / "bus" / "pci" / "devices"
     for entry in sorted(devices.iterdir()):

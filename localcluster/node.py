@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpumodel import profile as profiles
+from hostsetup.node import DEFAULT_ROOT
 
 from . import cgroups, config, gpustack, process
 from .config import NodeLayout, NodePorts
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from .cluster import Cluster
 
 __all__ = ["Node"]
+
+MOKKA_ROOT = str(DEFAULT_ROOT)  # host setup's default root, where Mokka's chart stages a node
 
 
 class Node:
@@ -129,13 +132,18 @@ class Node:
 
     def start_namespace(self, host_sysctls: dict[str, str]) -> None:
         """The node's private mount namespace: its directories over kubelet's and containerd's host
-        paths, private sysctl files, its GPUs' sysfs at the real /sys paths."""
+        paths, private sysctl files, its GPUs' sysfs at the real /sys paths. With NVIDIA's DRA driver
+        the staged node is at /var/lib/mokka, where Mokka's chart stages it, so that NVIDIA's chart
+        takes the values it takes on a real cluster. The kubelet's directory and /var/lib/mokka are
+        shared mounts, as on a systemd host: pods may mount them Bidirectional or HostToContainer
+        (NVIDIA's kubelet plugins do), which containerd allows from shared mounts only."""
         layout = self.layout
+        staged_at_root = self.cluster.state.options.get("allocator") == "nvidia-dra"
         binds: list[list[str]] = []
         for host, private in config.PRIVATE_PATHS.items():
             d = layout.ns / private
             d.mkdir(parents=True, exist_ok=True)
-            binds.append([str(d), host])
+            binds.append([str(layout.node_root if staged_at_root and host == MOKKA_ROOT else d), host])
         sysctl_dir = layout.ns / "sysctl"
         sysctl_dir.mkdir(parents=True, exist_ok=True)
         for key in config.SYSCTLS:
@@ -143,14 +151,7 @@ class Node:
             f.write_text(host_sysctls[key] + "\n")
             binds.append([str(f), f"/proc/sys/{key}"])
         sys_binds, links = gpustack.namespace_entries(layout)
-        view: dict[str, Any] = {"binds": binds + sys_binds, "links": links}
-        if self.cluster.state.options.get("allocator") == "nvidia-dra":
-            # NVIDIA's chart: one driver root for every node, at the path a driver container's has;
-            # its plugins mount the kubelet's directory Bidirectional and the driver root
-            # HostToContainer, which containerd allows from shared mounts only.
-            (layout.ns / config.PRIVATE_PATHS["/run/nvidia"] / "driver").mkdir(exist_ok=True)
-            view["binds"].append([str(layout.driver_root), gpustack.CHART_DRIVER_ROOT])
-            view["shared"] = ["/var/lib/kubelet", "/run/nvidia"]
+        view = {"binds": binds + sys_binds, "links": links, "shared": ["/var/lib/kubelet", MOKKA_ROOT]}
         self.record["namespace_inode"] = self.cluster.start_holder(
             self.proc_name("namespace"), view, layout.ns, layout.logs
         )

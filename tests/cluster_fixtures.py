@@ -23,11 +23,17 @@ from typing import Any
 
 import pytest
 
+from localcluster import nvidia_dra
 from localcluster.cluster import Cluster, Options, leftovers
 from localcluster.images import WORKLOAD_IMAGE
 from testbed.kube import binaries
 
 SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward")
+# NVIDIA's DRA driver (its binaries and chart) beside the checkout, or where $MOKKA_NVIDIA_DRA_DIR says.
+needs_nvidia_dra = pytest.mark.skipif(
+    nvidia_dra.source_dir() is None,
+    reason=f"no NVIDIA DRA driver (../shared/thirdparty/k8s-dra-driver-gpu or ${nvidia_dra.ENV_DIR})",
+)
 
 
 def _terminal(line: str) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cluster_fixtures import claim_pod, start_cluster, wait_for
+from cluster_fixtures import claim_pod, needs_nvidia_dra, start_cluster, wait_for
 
 from gpumodel import nodelayout
 from localcluster import nvidia_dra
@@ -25,10 +25,7 @@ from localcluster.nvidia_dra import image as driver_image
 pytestmark = [
     pytest.mark.root,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        nvidia_dra.source_dir() is None,
-        reason=f"no NVIDIA DRA driver (../shared/thirdparty/k8s-dra-driver-gpu or ${nvidia_dra.ENV_DIR})",
-    ),
+    needs_nvidia_dra,
 ]
 
 SPECS = (NodeSpec("h100", 2, "r1"), NodeSpec("h100", 1, "r1"), NodeSpec("h100", 1, "r2"), NodeSpec("l40s", 1))

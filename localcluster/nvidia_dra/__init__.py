@@ -12,11 +12,11 @@ pods running the driver's image built here (:mod:`.image`) from the user's binar
 - The chart's CRDs, DeviceClasses, RBAC and admission policy come with it.
 
 What the mock node gives the chart (:func:`values`): every node's driver root at one path,
-:data:`DRIVER_ROOT` (``usr``, ``dev`` and ``proc`` of the staged node, bound in the node's
-namespace as a driver container's root is), its ``/proc/devices`` as ``altProcDevices`` (never the
-host's), and NFD's PCI labels on the node (:func:`nfd_labels`), which the chart's node affinity
-asks for. The cluster runs no device plugin beside it, which the chart wants said
-(``gpuResourcesEnabledOverride``).
+:data:`DRIVER_ROOT` (the staged node is at /var/lib/mokka in each node's namespace, where Mokka's
+chart stages it on a real node; its ``driver`` holds ``usr``, ``dev`` and ``proc``, as a driver
+container's root does), its ``/proc/devices`` as ``altProcDevices`` (never the host's), and NFD's
+PCI labels on the node (:func:`nfd_labels`), which the chart's node affinity asks for. The cluster
+runs no device plugin beside it, which the chart wants said (``gpuResourcesEnabledOverride``).
 
 NVIDIA's binaries and chart come from its repository (no registry serves them):
 ``$MOKKA_NVIDIA_DRA_DIR`` names a directory holding the four programs (plain or ``.xz``) and
@@ -36,7 +36,7 @@ from gpumodel.profile import Profile
 from k8snode import nodeinfo
 from testbed import thirdparty
 
-from ..gpustack import CHART_DRIVER_ROOT
+from ..node import MOKKA_ROOT
 from . import image
 
 ENV_DIR = "MOKKA_NVIDIA_DRA_DIR"
@@ -44,7 +44,7 @@ NAMESPACE = "nvidia-dra-driver-gpu"  # the chart's usual release namespace
 RELEASE = "nvidia-dra"
 GPU_DRIVER = "gpu.nvidia.com"
 COMPUTE_DOMAIN_DRIVER = "compute-domain.nvidia.com"
-DRIVER_ROOT = CHART_DRIVER_ROOT
+DRIVER_ROOT = f"{MOKKA_ROOT}/driver"  # the staged node's driver root, as Mokka's chart stages it
 COMPONENT = "nvidia-dra-driver-gpu-component"  # the chart's pod label: controller | kubelet-plugin
 DAEMON_LABEL = "resource.nvidia.com/computeDomain"  # the controller's label on a domain's daemons
 
