@@ -2,8 +2,9 @@
 (its DaemonSet from Mokka's node image) stages the node at its default root, /var/lib/mokka, and
 runs the NRI plugin (allocator external) and the node labeller; NVIDIA's chart is installed as
 usual with the values the README gives (``nvidiaDriverRoot: /var/lib/mokka/driver``,
-``altProcDevices: /var/lib/mokka/driver/proc/devices``). The cluster runs no GPU stack of its own.
-Skips where NVIDIA's binaries and chart are not at hand."""
+``altProcDevices: /var/lib/mokka/driver/proc/devices``). The node's profile is Mokka's chart's
+``customProfile``: two H100s, the first in MIG mode (four MIG devices). The cluster runs no GPU
+stack of its own. Skips where NVIDIA's binaries and chart are not at hand."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from typing import Any
 
 import pytest
 from cluster_fixtures import claim_pod, install_chart, needs_nvidia_dra, start_cluster, wait_for
+from mig_fixtures import mig_profile_data
 
+from gpumodel import mig_state
 from localcluster import nvidia_dra
 from localcluster.cluster import Cluster
 
@@ -26,6 +29,13 @@ pytestmark = [
 ]
 
 MOKKA_NS = "mokka-system"
+MIXED = mig_profile_data(
+    "h100",
+    2,
+    {1: {"mig": {"mode": False, "instances": []}}},
+    mode=True,
+    instances=[{"profile": "3g.40gb"}, {"profile": "2g.20gb"}, {"profile": "1g.10gb"}, {"profile": "1g.10gb"}],
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +53,11 @@ def get(cluster: Cluster, *args: str) -> Any:
 @pytest.fixture(scope="module")
 def installed(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Mokka's chart (its defaults: root /var/lib/mokka, node labels; the GPUs handed out by a DRA
-    driver), then NVIDIA's; the staged root as the host sees it."""
+    driver; the profile :data:`MIXED`), then NVIDIA's; the staged root as the host sees it."""
     from testbed import debcache, prepare, versions
     from testbed.kube import binaries
 
-    values = {"gpu": {"profile": "h100", "count": 2}, "plugin": {"allocator": "external"}}
+    values = {"gpu": {"customProfile": MIXED}, "plugin": {"allocator": "external"}}
     mokka = install_chart(cluster, MOKKA_NS, values, tmp_path_factory.mktemp("mokka-chart"))
 
     def staged() -> bool:
@@ -65,7 +75,8 @@ def installed(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 def test_nvidias_plugins_run_on_the_node_mokkas_chart_staged(cluster: Cluster, installed: Path) -> None:
     """The staged root's driver/ is a whole driver root (usr, dev, proc); NVIDIA's kubelet plugins
-    (placed by the node label Mokka's chart sets) publish the node's two GPUs and its IMEX devices."""
+    (placed by the node label Mokka's chart sets) publish the node's whole GPU, the MIG devices of
+    the GPU in MIG mode (their profiles and UUIDs the mock's), and its IMEX devices."""
     driver = installed / "driver"
     assert (driver / "usr" / "bin" / "nvidia-smi").is_file() and (driver / "dev" / "nvidia1").is_char_device()
     assert "nvidia-caps-imex-channels" in (driver / "proc" / "devices").read_text()
@@ -74,15 +85,23 @@ def test_nvidias_plugins_run_on_the_node_mokkas_chart_staged(cluster: Cluster, i
     slices = get(cluster, "resourceslices")["items"]
     devices = {driver: [d for s in slices if s["spec"]["driver"] == driver for d in s["spec"]["devices"]]
                for driver in (nvidia_dra.GPU_DRIVER, nvidia_dra.COMPUTE_DOMAIN_DRIVER)}  # fmt: skip
-    staged = json.loads((installed / "node.json").read_text())
-    uuids = sorted(d["attributes"]["uuid"]["string"] for d in devices[nvidia_dra.GPU_DRIVER])
-    assert uuids == sorted(g["uuid"] for g in staged["gpus"])
+    layout = mig_state.read(installed / "driver" / "usr" / "lib64" / "libnvidia-ml.so.1")
+    staged = {g.uuid: "gpu" for g in layout if not g.current}
+    staged |= {d.uuid: f"mig {d.profile}" for g in layout if g.current for d in g.devices}
+
+    def kind(attributes: dict[str, Any]) -> str:
+        profile = attributes.get("profile", {}).get("string")
+        return attributes["type"]["string"] + (f" {profile}" if profile else "")
+
+    published = {d["attributes"]["uuid"]["string"]: kind(d["attributes"]) for d in devices[nvidia_dra.GPU_DRIVER]}
+    assert published == staged
+    assert sorted(staged.values()) == ["gpu", "mig 1g.10gb", "mig 1g.10gb", "mig 2g.20gb", "mig 3g.40gb"]
     assert {"channel-0", "daemon-0"} <= {d["name"] for d in devices[nvidia_dra.COMPUTE_DOMAIN_DRIVER]}
 
 
 def test_a_claim_pod_runs_with_its_gpu_through_both_charts(cluster: Cluster, installed: Path) -> None:
-    """NVIDIA's CDI spec gives the pod its GPU from the staged driver root; Mokka's NRI plugin adds
-    the kernel's view."""
+    """NVIDIA's CDI spec gives the pod its GPU (the whole one: DeviceClass gpu.nvidia.com) from the
+    staged driver root; Mokka's NRI plugin adds the kernel's view."""
     cluster.kubectl("apply", "-f", "-", input=claim_pod("both"))
     try:
 
