@@ -17,7 +17,6 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +27,8 @@ from .images import WORKLOAD_IMAGE
 from .nodespec import NodeSpec
 
 NODES = (NodeSpec("h100", 1, "r1"), NodeSpec("h100", 1, "r1"))
-POLL = 0.02
+POLL = 0.02  # the timed waits' resolution
 TIMEOUT = 180.0
-
-
-def _until(what: str, check: Callable[[], bool], timeout: float = TIMEOUT) -> None:
-    t0 = time.monotonic()
-    while not check():
-        if time.monotonic() - t0 > timeout:
-            raise ClusterError(f"{what}: not within {timeout:g}s")
-        time.sleep(POLL)
 
 
 def _pod(name: str, claim: dict[str, str], node: str | None = None) -> dict[str, Any]:
@@ -86,13 +77,13 @@ def gpu_claim(c: Cluster, i: int) -> float:
     t0 = time.monotonic()
     c.post("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", claim)
     c.post("/api/v1/namespaces/default/pods", _pod(f"bench-{i}", {"resourceClaimName": f"bench-{i}"}))
-    _until(f"pod bench-{i} Running", lambda: _phase(c, f"bench-{i}") == "Running")
+    c.wait(f"pod bench-{i} Running", lambda: _phase(c, f"bench-{i}") == "Running", TIMEOUT, poll=POLL)
     took = time.monotonic() - t0
     pod = f"/api/v1/namespaces/default/pods/bench-{i}"
     rc = f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/bench-{i}"
     c.delete(pod)
     c.delete(rc)
-    _until(f"pod and claim bench-{i} gone", lambda: _gone(c, pod) and _gone(c, rc))
+    c.wait(f"pod and claim bench-{i} gone", lambda: _gone(c, pod) and _gone(c, rc), TIMEOUT)
     return took
 
 
@@ -106,15 +97,17 @@ def compute_domain(c: Cluster, i: int) -> float:
     pods = [f"{name}-{n.name}" for n in c.nodes]
     for pod, n in zip(pods, c.nodes, strict=True):
         c.post("/api/v1/namespaces/default/pods", _pod(pod, {"resourceClaimTemplateName": template}, n.name))
-    _until(f"{name}'s workloads Running", lambda: all(_phase(c, p) == "Running" for p in pods))
+    c.wait(f"{name}'s workloads Running", lambda: all(_phase(c, p) == "Running" for p in pods), TIMEOUT, poll=POLL)
     took = time.monotonic() - t0
     for pod in pods:
         c.delete(f"/api/v1/namespaces/default/pods/{pod}")
     cd = f"{domains}/{name}"
-    _until(f"{name}'s workloads gone", lambda: all(_gone(c, f"/api/v1/namespaces/default/pods/{p}") for p in pods))
+    c.wait(
+        f"{name}'s workloads gone", lambda: all(_gone(c, f"/api/v1/namespaces/default/pods/{p}") for p in pods), TIMEOUT
+    )
     c.delete(cd)
     daemons = f"/api/v1/namespaces/{nvidia_dra.NAMESPACE}/pods?labelSelector={nvidia_dra.DAEMON_LABEL}"
-    _until(f"{name} and its daemons gone", lambda: _gone(c, cd) and not c.get(daemons).get("items"))
+    c.wait(f"{name} and its daemons gone", lambda: _gone(c, cd) and not c.get(daemons).get("items"), TIMEOUT)
     return took
 
 

@@ -38,7 +38,20 @@ from testbed import versions as tools
 from testbed.kube import binaries, versions
 from testbed.kube.gobuild import BuildError
 
-from . import cgroups, config, fgo, forward, gpustack, images, namespace, netns, nvidia_dra, process, virtualpools
+from . import (
+    cgroups,
+    config,
+    fgo,
+    forward,
+    gpustack,
+    images,
+    namespace,
+    netns,
+    nodewatch,
+    nvidia_dra,
+    process,
+    virtualpools,
+)
 from .config import Layout, NodePorts, Ports
 from .fgo import FgoSpec
 from .node import Node, new_record
@@ -401,7 +414,9 @@ class Cluster:
     def label_node(self, labels: Mapping[str, str], node: str | None = None) -> None:
         self.node(node).label(labels)
 
-    def wait(self, what: str, check: Callable[[], bool], timeout: float = READY_TIMEOUT) -> float:
+    def wait(self, what: str, check: Callable[[], bool], timeout: float = READY_TIMEOUT, poll: float = 0.1) -> float:
+        """Seconds until ``check`` holds, asked every ``poll`` seconds; a ClusterError when a cluster
+        process exits or ``timeout`` passes first."""
         t0 = time.monotonic()
         while not check():
             dead = [p.name for p in self.procs if not p.alive() and not p.name.startswith("gfd")]
@@ -409,7 +424,7 @@ class Cluster:
                 raise ClusterError(f"waiting for {what}: {', '.join(dead)} exited; logs in {self.layout.logs}")
             if time.monotonic() - t0 > timeout:
                 raise ClusterError(f"{what}: not within {timeout:g}s; logs in {self.layout.logs}")
-            time.sleep(0.1)
+            time.sleep(poll)
         return time.monotonic() - t0
 
     # ------------------------------------------------------------------ up
@@ -664,7 +679,7 @@ class Cluster:
 
     def _nvidia_dra_ready(self) -> bool:
         pods = self.get(f"/api/v1/namespaces/{nvidia_dra.NAMESPACE}/pods").get("items", [])
-        ready = [p for p in pods if nvidia_dra.pod_ready(p)]
+        ready = [p for p in pods if nodewatch.ready(p)]
         components = [p["metadata"].get("labels", {}).get(nvidia_dra.COMPONENT) for p in ready]
         return components.count("kubelet-plugin") == len(self.nodes) and "controller" in components
 
@@ -687,8 +702,7 @@ class Cluster:
         pods = self.get(f"/api/v1/namespaces/{dcgm.NAMESPACE}/pods?labelSelector=app.kubernetes.io/name={dcgm.NAME}")
         ready = {}
         for pod in pods.get("items", []):
-            conditions = pod.get("status", {}).get("conditions", [])
-            if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            if nodewatch.ready(pod):
                 ready[pod["spec"]["nodeName"]] = pod["metadata"]["name"]
         return ready
 

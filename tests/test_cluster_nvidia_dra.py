@@ -76,7 +76,6 @@ def running(cluster: Cluster, pod: str) -> dict[str, Any]:
         "node": node,
         "allocated": [by_name[r["device"]]["attributes"]["uuid"]["string"] for r in results],
         "drivers": {r["driver"] for r in results},
-        "log": out,
     }
 
 

@@ -61,10 +61,6 @@ class Brought:
     programs: dict[str, Path]
     chart: Path
 
-    @property
-    def image(self) -> str:
-        return image.name(self.chart)
-
 
 def source_dir() -> Path | None:
     return thirdparty.directory(ENV_DIR, "k8s-dra-driver-gpu")
@@ -113,12 +109,6 @@ def nfd_labels(profile: Profile) -> dict[str, str]:
     """The labels Node Feature Discovery puts on a node with these GPUs (its PCI features), which
     NVIDIA's chart places its kubelet plugins by."""
     return {f"feature.node.kubernetes.io/{key}": value for key, value in nodeinfo.nfd_features(profile).items()}
-
-
-def pod_ready(pod: dict[str, Any]) -> bool:
-    """Every container of ``pod`` Ready (as the API server has it)."""
-    statuses = pod.get("status", {}).get("containerStatuses") or []
-    return bool(statuses) and all(s.get("ready") for s in statuses)
 
 
 def namespace() -> dict[str, Any]:
