@@ -224,9 +224,11 @@ def test_the_compute_domain_plugin_reads_the_imex_surface(cluster: Cluster) -> N
             assert "identified fabric clique UUID/ID (device 0/" in log and f"{cluster_uuid}/{clique_id}" in log
 
 
-def workload(name: str, template: str, node: str | None = None) -> dict[str, Any]:
+def workload(name: str, template: str, node: str | None = None, clique: str | None = None) -> dict[str, Any]:
     """A pod of the ComputeDomain's workload (label app=rack) claiming the domain's channel: on
-    ``node``, else on a node of the same clique as the other workloads and not beside one.
+    ``node``, else on a node of the same clique as the other workloads and not beside one (and, given
+    ``clique``, in that clique: the first workload's affinity matches itself, so it alone could land
+    in a clique too small for the domain, leaving the second one Pending).
     """
     spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": 0,
@@ -245,6 +247,8 @@ def workload(name: str, template: str, node: str | None = None) -> dict[str, Any
     if node:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     else:
+        if clique:
+            spec["nodeSelector"] = {CLIQUE: clique}
         spec["affinity"] = {
             "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{**group, "topologyKey": CLIQUE}]},
             "podAntiAffinity": {
@@ -271,27 +275,27 @@ def imex_nodes(cluster: Cluster, pod: str) -> dict[str, str]:
 
 
 def test_a_compute_domain_across_a_rack(cluster: Cluster) -> None:
-    """A ComputeDomain of two nodes: NVIDIA's controller makes its channel claim template; two
-    workloads kept in one clique land on the two nodes of rack r1; the compute-domain plugin labels
-    those nodes, NVIDIA's daemons start there (the driver's image), write the domain's names into
-    /etc/hosts and run the node's mock nvidia-imex, which connects to its peer over the pod network;
-    the domain goes Ready and each workload runs with IMEX channel 0. Deleting a daemon pod makes
-    the domain NotReady (its peer reports it lost) until the DaemonSet's new pod has joined. A
-    workload of the same domain on rack r2's node gets a daemon in a clique of its own: the r1
-    daemons' IMEX domain never includes it."""
+    """A ComputeDomain of two nodes: NVIDIA's controller makes its channel claim template; a workload
+    placed in rack r1's clique and one kept beside it by pod affinity alone land on the two nodes of
+    rack r1; the compute-domain plugin labels those nodes, NVIDIA's daemons start there (the driver's
+    image), write the domain's names into /etc/hosts and run the node's mock nvidia-imex, which
+    connects to its peer over the pod network; the domain goes Ready and each workload runs with IMEX
+    channel 0. Deleting a daemon pod makes the domain NotReady (its peer reports it lost) until the
+    DaemonSet's new pod has joined. A workload of the same domain on rack r2's node gets a daemon in
+    a clique of its own: the r1 daemons' IMEX domain never includes it."""
     rack = nvidia_dra.compute_domain("rack", 2, "rack-channel")
     cluster.kubectl("apply", "-f", "-", input=json.dumps(rack))
     try:
         template = ("get", "resourceclaimtemplate", "rack-channel")
         wait_for("the domain's channel claim template", lambda: cluster.kubectl(*template, check=False).returncode == 0)
-        for name in ("w0", "w1"):
-            cluster.kubectl("apply", "-f", "-", input=json.dumps(workload(name, "rack-channel")))
+        r1 = get(cluster, "node", "h100-0")["metadata"]["labels"][CLIQUE]
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(workload("w0", "rack-channel", clique=r1)))
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(workload("w1", "rack-channel")))  # by affinity alone
         logs = {name: logged(cluster, name, "channels:") for name in ("w0", "w1")}
         assert all("channels: channel0" in log for log in logs.values()), logs
         placed = {get(cluster, "pod", name)["spec"]["nodeName"] for name in ("w0", "w1")}
         assert placed == {"h100-0", "h100-1"}  # rack r1
         status = wait_for("the domain Ready", lambda: (s := domain(cluster)).get("status") == "Ready" and s, 60)
-        r1 = get(cluster, "node", "h100-0")["metadata"]["labels"][CLIQUE]
         assert {n["name"]: (n["cliqueID"], n["status"]) for n in status["nodes"]} == {
             "h100-0": (r1, "Ready"),
             "h100-1": (r1, "Ready"),
