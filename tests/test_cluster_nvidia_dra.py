@@ -57,7 +57,18 @@ def logged(cluster: Cluster, pod: str, marker: str, namespace: str = "default", 
         out = cluster.kubectl("logs", "-n", namespace, pod, check=False).stdout
         return out if marker in out else None
 
-    return str(wait_for(f"pod {pod} Running and logging {marker!r}", text, timeout))
+    try:
+        return str(wait_for(f"pod {pod} Running and logging {marker!r}", text, timeout))
+    except AssertionError as e:
+        raise AssertionError(f"{e}; {where(cluster, pod, namespace)}") from None
+
+
+def where(cluster: Cluster, pod: str, namespace: str) -> str:
+    """Where ``pod`` stands: its phase, its node and its conditions that do not hold, with why."""
+    p = get(cluster, "pod", "-n", namespace, pod)
+    conditions = p["status"].get("conditions", [])
+    unmet = [f"{c['type']}: {c.get('message') or c.get('reason', '')}" for c in conditions if c["status"] != "True"]
+    return f"phase {p['status'].get('phase')} on node {p['spec'].get('nodeName')}; " + "; ".join(unmet)
 
 
 def running(cluster: Cluster, pod: str) -> dict[str, Any]:
