@@ -273,6 +273,15 @@ def domain(cluster: Cluster) -> dict[str, Any]:
     return dict(get(cluster, "computedomain", "rack").get("status") or {})
 
 
+def ready(cluster: Cluster, *nodes: str) -> dict[str, Any] | None:
+    """The domain's status once it is Ready with exactly ``nodes`` listed, each Ready. (NVIDIA's
+    controller turns a domain Ready as soon as its DaemonSet has enough Ready pods, which can be
+    before a new daemon's node entry is listed.)"""
+    s = domain(cluster)
+    listed = {n["name"]: n["status"] for n in s.get("nodes", [])}
+    return s if s.get("status") == "Ready" and listed == dict.fromkeys(nodes, "Ready") else None
+
+
 def daemons(cluster: Cluster) -> dict[str, dict[str, Any]]:
     """The domain's IMEX daemon pods, by node."""
     pods = get(cluster, "pods", "-n", NS, "-l", nvidia_dra.DAEMON_LABEL)["items"]
@@ -306,11 +315,8 @@ def test_a_compute_domain_across_a_rack(cluster: Cluster) -> None:
         assert all("channels: channel0" in log for log in logs.values()), logs
         placed = {get(cluster, "pod", name)["spec"]["nodeName"] for name in ("w0", "w1")}
         assert placed == {"h100-0", "h100-1"}  # rack r1
-        status = wait_for("the domain Ready", lambda: (s := domain(cluster)).get("status") == "Ready" and s, 60)
-        assert {n["name"]: (n["cliqueID"], n["status"]) for n in status["nodes"]} == {
-            "h100-0": (r1, "Ready"),
-            "h100-1": (r1, "Ready"),
-        }
+        status = wait_for("the domain Ready", lambda: ready(cluster, "h100-0", "h100-1"), 60)
+        assert {n["name"]: n["cliqueID"] for n in status["nodes"]} == {"h100-0": r1, "h100-1": r1}
         for node in ("h100-0", "h100-1"):  # the plugin's label, the DaemonSet's node selector
             assert nvidia_dra.DAEMON_LABEL in get(cluster, "node", node)["metadata"]["labels"]
         assert nvidia_dra.DAEMON_LABEL not in get(cluster, "node", "h100-2")["metadata"]["labels"]
@@ -329,10 +335,8 @@ def test_a_compute_domain_across_a_rack(cluster: Cluster) -> None:
         wait_for("the domain NotReady", lambda: domain(cluster).get("status") == "NotReady", 30)
         survivor = ("logs", "-n", NS, pods["h100-0"]["metadata"]["name"])
         wait_for("h100-0's daemon reports its peer lost", lambda: " lost" in cluster.kubectl(*survivor).stdout, 30)
-        status = wait_for("the domain Ready again", lambda: (s := domain(cluster)).get("status") == "Ready" and s, 90)
-        back = daemons(cluster)["h100-1"]
-        assert back["metadata"]["name"] != gone
-        assert {n["name"]: n["status"] for n in status["nodes"]} == {"h100-0": "Ready", "h100-1": "Ready"}
+        wait_for("the domain Ready again", lambda: ready(cluster, "h100-0", "h100-1"), 90)
+        assert daemons(cluster)["h100-1"]["metadata"]["name"] != gone
 
         # A workload of the domain on the other rack: a clique, and an IMEX domain, of its own.
         cluster.kubectl("apply", "-f", "-", input=json.dumps(workload("w2", "rack-channel", node="h100-2")))
