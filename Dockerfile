@@ -25,8 +25,10 @@ COPY cdi/ cdi/
 COPY hostsetup/ hostsetup/
 COPY nri_mokka/ nri_mokka/
 COPY k8snode/ k8snode/
-COPY testbed/ testbed/
+COPY fetch/ fetch/
+COPY containers/ containers/
 COPY localcluster/ localcluster/
+COPY bench/ bench/
 COPY mokka/ mokka/
 # `pip install .` compiles native/ (nvml.h from PyPI's nvidia-nvml-dev, a build requirement)
 # and ships the libraries inside the package; kubernetes is the node-identity client.
@@ -36,11 +38,11 @@ RUN python3 -m venv /opt/mokka/venv \
     && /opt/mokka/venv/bin/mokka --version
 
 # nvidia-smi from Debian's non-free archive (550: trixie, 535: bookworm), verified and
-# unpacked by testbed.nvidia_smi; empty NVIDIA_SMI builds an image without it.
+# unpacked by fetch.nvidia_smi; empty NVIDIA_SMI builds an image without it.
 ARG NVIDIA_SMI=550
 RUN mkdir -p /out/usr/local/lib/mokka \
     && if [ -n "${NVIDIA_SMI}" ]; then \
-        smi="$(/opt/mokka/venv/bin/python -c "from testbed import nvidia_smi; print(nvidia_smi.fetch('${NVIDIA_SMI}'))")" \
+        smi="$(/opt/mokka/venv/bin/python -c "from fetch import nvidia_smi; print(nvidia_smi.fetch('${NVIDIA_SMI}'))")" \
         && install -m 0755 "${smi}" /out/usr/local/lib/mokka/nvidia-smi; \
     fi
 

@@ -6,7 +6,7 @@
 #                     [--image REPO:TAG] [--nvidia-smi 550|535] [--fgo] [--delete]
 #
 # Needs docker and kubectl on PATH; kind and helm are taken from PATH or built with
-# `go install` at pinned versions (testbed.gotool). Nothing here runs on Mokka's own CI
+# `go install` at pinned versions (fetch.gotool). Nothing here runs on Mokka's own CI
 # machines (no container engine there): tests/test_kind.py keeps this script and the cluster
 # configs consistent with the chart instead.
 set -euo pipefail
@@ -56,7 +56,7 @@ CONTEXT="kind-$NAME"
 
 # A Go-built tool at a pinned version, when PATH has none.
 gotool() {
-  (cd "$REPO" && python3 -c "import sys; from testbed import gotool; print(gotool.install(sys.argv[1]))" "$1")
+  (cd "$REPO" && python3 -c "import sys; from fetch import gotool; print(gotool.install(sys.argv[1]))" "$1")
 }
 
 command -v docker >/dev/null || die "docker is needed (kind runs its nodes as containers)"

@@ -11,7 +11,7 @@ import signal
 import time
 from pathlib import Path
 
-from testbed.cleanup import cgroup_hierarchies
+from containers.cleanup import cgroup_hierarchies
 
 
 def create(name: str) -> list[Path]:

@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fetch import containerd_dist, debcache, gotool, kubelet_api, nvidia_smi
+from fetch import versions as tools
+from fetch.kube import binaries, versions
+from fetch.kube.gobuild import BuildError
 from gpumodel import profile as profiles
-from testbed import containerd_dist, debcache, gotool, kubelet_api, nvidia_smi
-from testbed import versions as tools
-from testbed.kube import binaries, versions
-from testbed.kube.gobuild import BuildError
 
 from . import (
     cgroups,

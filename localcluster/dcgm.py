@@ -1,7 +1,7 @@
 """NVIDIA's dcgm-exporter as a DaemonSet of the local cluster (``mokka cluster up --dcgm-exporter``).
 
 Its image is built without Docker: the exporter's binary (``$MOKKA_DCGM_DIR``, else the checkout's
-``../shared/thirdparty/dcgm``, see :mod:`testbed.dcgm_exporter`), its default counters and the glibc
+``../shared/thirdparty/dcgm``, see :mod:`fetch.dcgm_exporter`), its default counters and the glibc
 it links, on busybox; nothing NVIDIA's beyond that. What makes it work on the node is the GPU stack:
 the NRI plugin gives the container (``NVIDIA_VISIBLE_DEVICES=all``, as GPU Operator's DaemonSet
 asks) the mock libnvidia-ml and libdcgm, and ``--kubernetes`` maps GPUs to the pods holding them
@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from testbed import dcgm_exporter
-from testbed import images as oci
+from containers import images as oci
+from fetch import dcgm_exporter
 
 IMAGE = "localhost/mokka/dcgm-exporter:1"
 NAMESPACE = "gpu-monitoring"

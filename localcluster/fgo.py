@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from fetch import thirdparty
 from gpumodel import profile as profiles
-from testbed import thirdparty
 
 from . import virtual
 from .nodewatch import NodeWatch, ready

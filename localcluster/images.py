@@ -7,8 +7,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from containers import images as oci
 from gpumodel.native import library_path
-from testbed import images as oci
 
 from .config import PAUSE_IMAGE
 

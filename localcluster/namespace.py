@@ -8,7 +8,7 @@ The holder process (``python -m localcluster.namespace SPEC``, run under ``unsha
 joins its namespace (``nsenter --mount=/proc/<holder>/ns/mnt``). The namespace, and with it
 every mount made in it, ends when the holder and the processes in it are gone.
 
-The spec (JSON) is a view of :mod:`testbed.mounts`: ``binds``, ``links`` and ``absent``, each
+The spec (JSON) is a view of :mod:`containers.mounts`: ``binds``, ``links`` and ``absent``, each
 placed as that module describes (unions of their parents where they do not exist).
 """
 
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from testbed.mounts import MountError, setup
+from containers.mounts import MountError, setup
 
 
 def _stop(_signum: int, _frame: FrameType | None) -> None:

@@ -15,14 +15,16 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
+from containers import images as oci
 from gpumodel import native
-from testbed import images as oci
 
 NODE_IMAGE = "localhost/mokka/node:1"
 PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
 STDLIB = Path(f"/usr/lib/python{sys.version_info.major}.{sys.version_info.minor}")
 SITE = Path(f"usr/local/lib/python{sys.version_info.major}.{sys.version_info.minor}/dist-packages")
-PACKAGES = ("gpumodel", "cdi", "hostsetup", "nri_mokka", "k8snode", "testbed", "localcluster", "mokka")
+PACKAGES = (
+    "gpumodel", "cdi", "hostsetup", "nri_mokka", "k8snode", "fetch", "containers", "localcluster", "bench", "mokka"
+)  # fmt: skip
 STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "pydoc_data", "__pycache__", "config-3.11"}
 SMI_PATH = Path("usr/local/lib/mokka/nvidia-smi")
 ENV = (

@@ -4,7 +4,7 @@
 mode, the h100 profile's 8 GPUs, GFD's labels on the node. ``start_cluster(base, **options)``
 brings up another one (e.g. ``allocator="dra"``, ``device_list_strategy="cdi-cri"``) and checks,
 when its block ends, that ``down`` left nothing. The binaries are built by ``.ci/setup``
-(``python -m testbed.kube.binaries``); when they are missing, the fixture builds them first and
+(``python -m fetch.kube.binaries``); when they are missing, the fixture builds them first and
 says so on the terminal.
 """
 
@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
+from fetch.kube import binaries
 from localcluster import nvidia_dra
 from localcluster.cluster import Cluster, Options, leftovers
 from localcluster.images import WORKLOAD_IMAGE
-from testbed.kube import binaries
 
 SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward")
 # NVIDIA's DRA driver (its binaries and chart) beside the checkout, or where $MOKKA_NVIDIA_DRA_DIR says.
@@ -198,8 +198,8 @@ def install_chart(cluster: Cluster, namespace: str, values: dict[str, Any], tmp:
     import test_chart
     import yaml
 
+    from fetch import nvidia_smi, prepare, versions
     from localcluster import nodeimage
-    from testbed import nvidia_smi, prepare, versions
 
     cluster.import_image(nodeimage.build(tmp / "node-image", nvidia_smi.fetch("550")))
     repository, tag = nodeimage.NODE_IMAGE.rsplit(":", 1)

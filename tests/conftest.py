@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from fetch import nvidia_smi
 from gpumodel import driver_root, profile
-from testbed import nvidia_smi
 
 SMI_VERSIONS = ["550", "535", "555"]
 

@@ -1,6 +1,6 @@
 """The kubelet's device-plugin API (k8s.io/kubelet pkg/apis/deviceplugin/v1beta1) for the tests
 that talk to NVIDIA's device plugin: compiled at test time with betterproto into a temporary
-directory through testbed.kubelet_api's mechanism (the same pinned modules from the Go module
+directory through fetch.kubelet_api's mechanism (the same pinned modules from the Go module
 proxy, the same gogo.proto placement and compiler); nothing generated is kept."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from testbed import kubelet_api, protoc
+from fetch import kubelet_api, protoc
 
 PROTO = "pkg/apis/deviceplugin/v1beta1/api.proto"
 

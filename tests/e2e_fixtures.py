@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from containers import images
+from fetch import nvidia_smi
 from gpumodel import nodelayout, profile
 from hostsetup import node
-from testbed import images, nvidia_smi
 
 PROFILE = "h100"
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from testbed import dcgm_exporter
+from fetch import dcgm_exporter
 
 pytestmark = [pytest.mark.slow, pytest.mark.consumers]
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 import cdi
+from fetch import cdi_schema
 from gpumodel import edits, profile
 from gpumodel.edits import ContainerEdits
 from gpumodel.nodelayout import GpuNode, NodeLayout
-from testbed import cdi_schema
 
 CASES = [
     ("h100", True, True),

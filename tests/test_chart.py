@@ -3,8 +3,8 @@ manifest validated against the Kubernetes schemas of the version it is rendered 
 (kubernetes-validate, strict: unknown fields are errors), and the fake-gpu-operator
 contract asserted on the rendered ConfigMaps.
 
-helm is built once by `.ci/setup --tests` (testbed.prepare) from the Go module proxy at the
-version pinned in testbed/versions.py, with the Kubernetes version its release builds stamp
+helm is built once by `.ci/setup --tests` (fetch.prepare) from the Go module proxy at the
+version pinned in fetch/versions.py, with the Kubernetes version its release builds stamp
 in, so `helm install --dry-run` works offline; no test builds it.
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
+from fetch import prepare, versions
 from gpumodel import profile
 from k8snode import nodeinfo
-from testbed import prepare, versions
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
 

@@ -20,10 +20,10 @@ import test_chart
 import yaml
 from cluster_fixtures import wait_for
 
+from fetch import prepare, versions
 from localcluster import pki
 from localcluster.cluster import Cluster
 from localcluster.images import WORKLOAD_IMAGE
-from testbed import prepare, versions
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

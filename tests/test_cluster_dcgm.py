@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from cluster_fixtures import pod_manifest, start_cluster, wait_for
 
+from fetch import dcgm_exporter
 from localcluster.cluster import Cluster
-from testbed import dcgm_exporter
 
 pytestmark = [
     pytest.mark.root,

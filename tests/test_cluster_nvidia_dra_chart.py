@@ -54,8 +54,8 @@ def get(cluster: Cluster, *args: str) -> Any:
 def installed(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Mokka's chart (its defaults: root /var/lib/mokka, node labels; the GPUs handed out by a DRA
     driver; the profile :data:`MIXED`), then NVIDIA's; the staged root as the host sees it."""
-    from testbed import debcache, prepare, versions
-    from testbed.kube import binaries
+    from fetch import debcache, prepare, versions
+    from fetch.kube import binaries
 
     values = {"gpu": {"customProfile": MIXED}, "plugin": {"allocator": "external"}}
     mokka = install_chart(cluster, MOKKA_NS, values, tmp_path_factory.mktemp("mokka-chart"))

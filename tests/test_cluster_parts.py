@@ -20,13 +20,13 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from fetch import containerd_dist
+from fetch.kube import binaries, gobuild, versions
 from gpumodel import fleet, profile
 from hostsetup import sysfs
 from localcluster import config, gpustack, pki
 from localcluster.config import Layout, NodePorts, Ports
 from localcluster.nodespec import NodeSpec, resolve
-from testbed import containerd_dist
-from testbed.kube import binaries, gobuild, versions
 
 LAYOUT = Layout(Path("/run/mokka-cluster"))
 PORTS = Ports(2379, 2380, 6443)

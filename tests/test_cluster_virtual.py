@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from cluster_fixtures import start_cluster, wait_for
 
+from bench.virtual import gpu_deployment
 from gpumodel import fleet
 from localcluster import fgo
-from localcluster.bench_virtual import gpu_deployment
 from localcluster.cluster import Cluster
 from localcluster.fgo import FgoSpec
 from localcluster.virtual import VirtualSpec

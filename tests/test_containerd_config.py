@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import tomlkit
 
+from fetch import containerd_dist
 from gpumodel import atomic
 from hostsetup import containerd as cc
 from hostsetup.containerd import systemd as cc_systemd
-from testbed import containerd_dist
 
 RUNC = "/usr/sbin/runc"
 NRI = "io.containerd.nri.v1.nri"

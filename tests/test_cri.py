@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed import versions
-from testbed.cri import bindings, logfile
-from testbed.cri.client import CriClient, CriError
+from containers.cri import logfile
+from containers.cri.client import CriClient, CriError
+from fetch import cri_bindings as bindings
+from fetch import versions
 
 
 def test_bindings_come_from_the_pinned_cri_api() -> None:
@@ -44,8 +45,8 @@ def test_bindings_come_from_the_pinned_cri_api() -> None:
 
 
 def test_generated_code_is_not_committed() -> None:
-    repo = Path(bindings.__file__).resolve().parents[2]
-    assert "/testbed/cri/_pb/" in (repo / ".gitignore").read_text().splitlines()
+    repo = Path(bindings.__file__).resolve().parents[1]
+    assert "/containers/cri/_pb/" in (repo / ".gitignore").read_text().splitlines()
 
 
 def test_gogoproto_options_are_dropped() -> None:

@@ -20,8 +20,8 @@ import pytest
 from conftest import Staged
 from fault_fixtures import FaultNode
 
-from testbed import dcgm_exporter
-from testbed.dcgm_exporter import Exporter, Sample
+from fetch import dcgm_exporter
+from fetch.dcgm_exporter import Exporter, Sample
 
 pytestmark = [
     pytest.mark.consumers,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from fetch import dcgm_exporter
 from gpumodel.native import DCGM_LIBRARY, library_path
-from testbed import dcgm_exporter
 
 NATIVE = Path(__file__).resolve().parent.parent / "native"
 HEADERS = dcgm_exporter.SHARED / "include"

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from containers import cleanup
 from gpumodel import profile
-from testbed import cleanup, demo
+from mokka import demo
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 BASE = demo.DEFAULT_BASE

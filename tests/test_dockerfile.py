@@ -15,7 +15,7 @@ import pytest
 import yaml
 from conftest import tool
 
-from testbed import nvidia_smi
+from fetch import nvidia_smi
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
@@ -133,7 +133,7 @@ def test_nvidia_smi_build_argument() -> None:
         if word == "ARG":
             name, _, default = rest.partition("=")
             args[name] = default
-    assert args.get("NVIDIA_SMI") in nvidia_smi.SUITES, "the default must be a version testbed.nvidia_smi fetches"
+    assert args.get("NVIDIA_SMI") in nvidia_smi.SUITES, "the default must be a version fetch.nvidia_smi fetches"
     text = DOCKERFILE.read_text()
     assert 'if [ -n "${NVIDIA_SMI}" ]' in text, "an empty NVIDIA_SMI must build an image without nvidia-smi"
     chart = yaml.safe_load((REPO / "charts" / "mokka" / "values.yaml").read_text())

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 from conftest import Staged
 
+from fetch import kubelet_api
 from hostsetup import sysfs
 from k8snode.dra import gpus, resources
 from k8snode.dra.claims import Checkpoint, Claim, ClaimError, Claims, checkpoint_path
-from testbed import kubelet_api
 
 REPO = Path(__file__).resolve().parent.parent
 NODE = "node-a"
@@ -39,7 +39,7 @@ def bindings() -> None:
     """The kubelet API bindings, compiled from k8s.io/kubelet's protos by the setup, never by a test."""
     if not kubelet_api.current():
         pytest.fail(
-            f"{kubelet_api.OUT} is missing or stale: run `.ci/setup --tests` (or `python -m testbed.kubelet_api`)"
+            f"{kubelet_api.OUT} is missing or stale: run `.ci/setup --tests` (or `python -m fetch.kubelet_api`)"
         )
 
 
@@ -626,7 +626,7 @@ def test_missing_bindings_are_one_line(node_root: Path) -> None:
     assert res.returncode != 0
     assert res.stderr.strip().splitlines() == [
         "mokka: error: the kubelet API bindings (k8snode/dra/_pb) are missing (import of k8snode.dra._pb halted; "
-        "None in sys.modules): run `python -m testbed.kubelet_api` (or .ci/setup --tests)"
+        "None in sys.modules): run `python -m fetch.kubelet_api` (or .ci/setup --tests)"
     ]
 
 
@@ -640,5 +640,5 @@ def test_the_plugin_process_loads_no_tooling() -> None:
         check=True,
     )
     tops = {m.split(".")[0] for m in res.stdout.split()}
-    assert not tops & {"testbed", "hostsetup", "nri_mokka"}
+    assert not tops & {"fetch", "containers", "bench", "hostsetup", "nri_mokka"}
     assert not tops & {"pydantic", "cffi"}, "the plugin process stays small"

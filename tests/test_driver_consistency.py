@@ -15,11 +15,11 @@ import pytest
 import yaml
 from conftest import Staged
 
+from bench import fidelity
 from gpumodel import driver_root, profile
 from gpumodel.native import library_path
 from gpumodel.smi_xml import parse, text
 from hostsetup import sysfs
-from testbed import fidelity
 
 NATIVE = Path(__file__).resolve().parent.parent / "native"
 FUNCTION_NOT_FOUND = 13

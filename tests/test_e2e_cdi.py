@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import cdi
+from containers import cleanup, images, podman, sandbox
 from gpumodel import edits, nodelayout, profile
-from testbed import cleanup, images, podman, sandbox
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from containers import cleanup, images, sandbox
 from gpumodel import edits, nodelayout, profile, state
-from testbed import cleanup, images, sandbox
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 

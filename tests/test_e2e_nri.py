@@ -30,10 +30,10 @@ import pytest
 from test_e2e_cdi import PROBE, PROFILE, assert_sees_exactly, device_nodes, sections
 
 import cdi
+from containers import cleanup, images, sandbox
+from containers.plugin_process import PluginProcess
 from gpumodel import nodelayout, profile
 from gpumodel.edits import SHIM_IN_CONTAINER
-from testbed import cleanup, images, sandbox
-from testbed.plugin_process import PluginProcess
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 

@@ -41,7 +41,7 @@ def plugin_binary() -> Path:
     """The cluster's build of the device plugin (built first when .ci/setup did not)."""
     from cluster_fixtures import ensure_binaries
 
-    from testbed.kube import binaries, versions
+    from fetch.kube import binaries, versions
 
     assert versions.DEVICE_PLUGIN == VERSION
     ensure_binaries()
@@ -68,7 +68,7 @@ def node(tmp_path: Path) -> Iterator[Path]:
 
 
 class Plugin:
-    """The device plugin in its own mount namespace (:mod:`testbed.mounts`), registering at our kubelet
+    """The device plugin in its own mount namespace (:mod:`containers.mounts`), registering at our kubelet
     socket: an empty directory of its own at /var/lib/kubelet (a fresh machine has none), the
     node's usr and dev where its --driver-root points."""
 
@@ -84,7 +84,7 @@ class Plugin:
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LD_LIBRARY_PATH": str(driver_root / "usr" / "lib64")}
         binds = [(kubelet_dir, "/var/lib/kubelet"), (node / "driver" / "usr", driver_root / "usr")]
         binds.append((node / "dev", driver_root / "dev"))
-        argv = [sys.executable, "-m", "testbed.mounts", *(f"--bind={s}:{t}" for s, t in binds), "--"]
+        argv = [sys.executable, "-m", "containers.mounts", *(f"--bind={s}:{t}" for s, t in binds), "--"]
         argv += [str(binary), "--kubelet-socket", str(kubelet_socket), "--driver-root", str(driver_root)]
         argv += ["--dev-root", str(driver_root), "--device-list-strategy", "envvar", "--device-id-strategy", "uuid"]
         argv += ["--fail-on-init-error=true"]

@@ -1,7 +1,7 @@
 """Each built-in profile against its real-hardware capture, through the real nvidia-smi.
 
 Every GPU of each capture is scored against a mock with the capture's GPU count, per field
-class (testbed/fidelity.py says what each class holds and what the strict rule counts).
+class (bench/fidelity.py says what each class holds and what the strict rule counts).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from bench import fidelity
+from fetch import nvidia_smi
 from gpumodel import profile
-from testbed import fidelity, nvidia_smi
 
 pytestmark = pytest.mark.consumers
 

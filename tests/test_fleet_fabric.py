@@ -12,8 +12,8 @@ from pathlib import Path
 
 from conftest import Staged
 
+from fetch import nvidia_smi
 from gpumodel import driver_root, fleet, profile
-from testbed import nvidia_smi
 
 READ = """
 import json, pynvml

@@ -1,10 +1,10 @@
 """A fresh machine has none of the host paths a GPU node's software keeps (kubelet's, containerd's,
-CDI's, NRI's, /run/nvidia: :data:`testbed.mounts.FRESH_PATHS`), so the code and the tests must
+CDI's, NRI's, /run/nvidia: :data:`containers.mounts.FRESH_PATHS`), so the code and the tests must
 create whatever they mount over, write into or bind — and leave the host as it was.
 
 Shown here the way it would fail on a fresh machine: the parts of the suite that use those paths
 run again in a private mount namespace where every one of them is absent (``python -m
-testbed.mounts --fresh``), and the host's own copies of them (where this machine has any) are the
+containers.mounts --fresh``), and the host's own copies of them (where this machine has any) are the
 same afterwards.
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed import mounts
+from containers import mounts
 
 REPO = Path(__file__).resolve().parent.parent
-FRESH = [sys.executable, "-m", "testbed.mounts", "--fresh", "--"]
+FRESH = [sys.executable, "-m", "containers.mounts", "--fresh", "--"]
 
 # The tests that use the fixed host paths, each for the paths it uses.
 AFFECTED = (
@@ -68,7 +68,7 @@ def test_fresh_view_hides_every_node_path_and_keeps_the_host() -> None:
 
 def test_bad_arguments_are_one_line() -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "testbed.mounts", "--bind", "/nonexistent-source:/x", "--", "true"],
+        [sys.executable, "-m", "containers.mounts", "--bind", "/nonexistent-source:/x", "--", "true"],
         capture_output=True,
         text=True,
     )

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from conftest import Staged
 
-from testbed import prepare, versions
+from fetch import prepare, versions
 
 pytestmark = pytest.mark.consumers
 
 
 @pytest.fixture(scope="session")
 def probe() -> Path:
-    """tests/go-nvml, built by `.ci/setup --tests` (testbed.prepare; rebuilt when its source changes)."""
+    """tests/go-nvml, built by `.ci/setup --tests` (fetch.prepare; rebuilt when its source changes)."""
     try:
         return prepare.go_binary(versions.GO_NVML_PROBE)
     except prepare.NotPrepared as exc:

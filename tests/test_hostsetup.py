@@ -216,7 +216,7 @@ def test_machine_picks_the_library_directory_in_containers(tmp_path: Path) -> No
 
 
 def test_cli_stages_debians_nvidia_smi_by_default(tmp_path: Path, smi_binary: Path) -> None:
-    from testbed import nvidia_smi
+    from fetch import nvidia_smi
 
     root = tmp_path / "root"
     res = mokka("host", "setup", "--profile", "t4", "--root", str(root))

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench import fidelity
+from fetch import nvidia_smi
 from gpumodel import importer, profile
 from gpumodel.smi_xml import parse, text
-from testbed import fidelity, nvidia_smi
 
 CAPTURES = Path(__file__).parent / "captures"
 # Every nvidia-smi -q -x capture the tests hold (tests/captures/README.md names each source).

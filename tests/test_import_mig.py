@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from conftest import Staged
 
+from bench import fidelity
+from fetch import nvidia_smi
 from gpumodel import driver_root, importer, mig, mig_state, profile
 from gpumodel.smi_xml import parse, text
-from testbed import fidelity, nvidia_smi
 
 CAPTURE = Path(__file__).parent / "captures" / "public" / "qx-a100-sxm4-80gb-mig.xml"
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed import versions
+from fetch import versions
 
 REPO = Path(__file__).resolve().parent.parent
 KIND = REPO / "kind"

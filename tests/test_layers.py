@@ -1,6 +1,7 @@
-"""Layers import one way: the GPU model at the bottom, the node and the plugins above it, the
-developer testbed above them, the local cluster (which runs what the testbed fetches and builds)
-above it, the command line on top.
+"""Layers import one way: the GPU model at the bottom, the node and the plugins above it, what
+is fetched and built into the cache above them, running containers without Docker above that,
+the local cluster (which runs both) above it, the benchmarks above everything they measure, the
+command line on top.
 
 Every ``import`` of the project's packages is read from the source (module level and inside
 functions alike, ``if TYPE_CHECKING:`` blocks excepted): a package may import only packages of a
@@ -27,9 +28,11 @@ LAYERS = {
     "hostsetup": 1,  # stages the mock node, configures containerd
     "nri_mokka": 1,  # the NRI plugin
     "k8snode": 1,  # the node as Kubernetes sees it: identity labels, kubelet plugins
-    "testbed": 2,  # developer tooling: fetchers, private containerd, demo, bench, fidelity, Go builds
-    "localcluster": 3,  # a real Kubernetes with mock GPU nodes (a user feature: `mokka cluster`)
-    "mokka": 4,  # the command line
+    "fetch": 2,  # what is fetched and built into the cache: Debian packages, Go builds, bindings, versions
+    "containers": 3,  # containers without Docker: private containerd, CRI client, OCI images, mounts
+    "localcluster": 4,  # a real Kubernetes with mock GPU nodes (a user feature: `mokka cluster`)
+    "bench": 5,  # `mokka bench` and the fidelity scorer
+    "mokka": 6,  # the command line (and the demo)
 }
 
 
@@ -153,5 +156,5 @@ def loaded_by(code: str) -> set[str]:
 def test_the_nri_plugin_process_loads_no_tooling() -> None:
     mods = loaded_by("from nri_mokka import plugin")
     tops = {m.split(".")[0] for m in mods}
-    assert not tops & {"testbed", "mokka", "hostsetup", "cdi", "k8snode"}
+    assert not tops & {"fetch", "containers", "localcluster", "bench", "mokka", "hostsetup", "cdi", "k8snode"}
     assert not tops & {"pydantic", "cffi", "kubernetes"}, "the plugin process stays small"

@@ -26,8 +26,8 @@ import pytest
 from conftest import Staged
 from mig_fixtures import mig_profile_data, write_profile
 
+from fetch import nvidia_smi
 from gpumodel import driver_root, mig, mig_state, profile
-from testbed import nvidia_smi
 
 pytestmark = pytest.mark.consumers
 

@@ -21,9 +21,10 @@ from mig_fixtures import mig_profile_data, write_profile
 from test_e2e_cdi import device_nodes, sections
 
 import cdi
+from containers import cleanup, images, sandbox
+from fetch import nvidia_smi
 from gpumodel import mig_state, nodelayout, profile
 from hostsetup import node
-from testbed import cleanup, images, nvidia_smi, sandbox
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 
@@ -207,7 +208,7 @@ def test_names_and_nodes_equal_nvidia_ctks(mig_node: nodelayout.NodeLayout, spec
     """NVIDIA's own `nvidia-ctk cdi generate` (v1.18.0, the toolkit the device plugin pins) on the
     same staged node, reading NVML and mig-minors as on a real one: the same device names, and
     for each the same device nodes."""
-    from testbed.kube import binaries
+    from fetch.kube import binaries
 
     found = binaries.cached() or binaries.ensure()
     root = Path(mig_node.root)

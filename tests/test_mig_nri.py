@@ -102,8 +102,8 @@ def test_unknown_mig_names_are_refused(node: tuple[nodelayout.NodeLayout, list[m
 def mig_node_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("needs root (private containerd, device nodes, mounts)")
+    from fetch import nvidia_smi
     from hostsetup import node as hostnode
-    from testbed import nvidia_smi
 
     tmp = tmp_path_factory.mktemp("nri-mig-node")
     data = mig_profile_data("h100", 2, {1: {"mig": {"mode": False, "instances": []}}}, mode=True, instances=LAYOUT)
@@ -118,8 +118,9 @@ def mig_node_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.mark.slow
 @pytest.mark.root
 def test_plugin_injects_one_mig_device(mig_node_root: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    from testbed import cleanup, images, nvidia_smi, sandbox
-    from testbed.plugin_process import PluginProcess
+    from containers import cleanup, images, sandbox
+    from containers.plugin_process import PluginProcess
+    from fetch import nvidia_smi
 
     layout = nodelayout.NodeLayout.load(mig_node_root)
     want = mig_state.read(Path(layout.state))[0].devices[2]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import Staged
 
+from fetch import nvidia_smi
 from gpumodel import mig_state, state
-from testbed import nvidia_smi
 
 pytestmark = pytest.mark.consumers
 

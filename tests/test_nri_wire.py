@@ -27,11 +27,11 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message as PbMessage
 
+from fetch import debcache
 from nri_mokka import decision, request
 from nri_mokka.nri import gen, mux, stub, ttrpc, wire
 from nri_mokka.nri._pb import ttrpc as pb_ttrpc
 from nri_mokka.nri._pb.nri.pkg.api import v1alpha1 as pb_api
-from testbed import debcache
 
 # --------------------------------------------------------------------------- mux
 

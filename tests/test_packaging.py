@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import nvidia_smi, protoc
+from fetch import nvidia_smi, protoc
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": os.environ.get("HOME", "/root")}
@@ -84,7 +84,7 @@ def test_the_wheel_carries_the_native_libraries_and_the_data_files(wheel: Path) 
         "gpumodel/profiles/h100.yaml",
         "gpumodel/scenarios/ecc-storm.yaml",
         "nri_mokka/nri/proto/nri.proto",
-        "testbed/kube/gosrc/kube.go",  # `mokka cluster`'s Kubernetes build
+        "fetch/kube/gosrc/kube.go",  # `mokka cluster`'s Kubernetes build
         # NVIDIA's DRA driver image: the controller's and plugin's templates, the plugins' start check
         "localcluster/nvidia_dra/rootfs/templates/compute-domain-daemon.tmpl.yaml",
         "localcluster/nvidia_dra/rootfs/templates/compute-domain-daemon-config.tmpl.cfg",

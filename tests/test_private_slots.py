@@ -112,7 +112,7 @@ def test_atomic_caps(stage: Callable[..., Staged], smi: Smi) -> None:
 
 def test_fabric_health_bandwidth(stage: Callable[..., Staged], smi: Smi) -> None:
     """healthMask through nvmlDeviceGetGpuFabricInfoV: 550 prints Full for DEGRADED_BW_FALSE;
-    555.58 prints nothing but Degraded or N/A there (see testbed/fidelity.py RELEASE_CANNOT_PRINT);
+    555.58 prints nothing but Degraded or N/A there (see bench/fidelity.py RELEASE_CANNOT_PRINT);
     535 has no health element."""
     got = gpu0(stage("gb200"), smi).findtext("fabric/health/bandwidth")
     assert got == {"535": None, "550": "Full", "555": "N/A"}[smi[0]]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import VENV_TOOLS, tool
 
-from testbed import debcache, gotool, prepare, versions
-from testbed.progress import Progress
+from fetch import debcache, gotool, prepare, versions
+from fetch.progress import Progress
 
 REPO = Path(__file__).resolve().parent.parent
 MINIMAL_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # what CI runs with (.ci/run)
@@ -209,7 +209,7 @@ def test_apt_keeps_no_binary_package_cache(tmp_path: Path) -> None:
 
 def test_prepare_lists_every_item_without_changing_anything(tmp_path: Path) -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "testbed.prepare", "--list", "--cache", str(tmp_path)],
+        [sys.executable, "-m", "fetch.prepare", "--list", "--cache", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=REPO,

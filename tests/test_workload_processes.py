@@ -22,6 +22,8 @@ from fault_fixtures import FaultNode
 from test_e2e_nri import plugin_node
 from test_nri_stub import FakeRuntime, running, wait_for
 
+from containers import images, sandbox
+from containers.plugin_process import PluginProcess
 from gpumodel import nodelayout, processes, profile, state
 from gpumodel.profile import MIB
 from hostsetup import node
@@ -29,8 +31,6 @@ from nri_mokka import plugin, workloads
 from nri_mokka.nri import wire
 from nri_mokka.nri._pb.nri.pkg.api import v1alpha1 as api
 from nri_mokka.nri.stub import EVENTS, Stub, event_mask
-from testbed import images, sandbox
-from testbed.plugin_process import PluginProcess
 
 PROBE = """
 import json, pynvml

@@ -1,4 +1,4 @@
-"""The kubelet's plugin APIs, generated at build time into ``_pb/`` (see ``testbed/kubelet_api.py``).
+"""The kubelet's plugin APIs, generated at build time into ``_pb/`` (see ``fetch/kubelet_api.py``).
 
 Importing this module fails with :class:`BindingsMissing` (one clear line) when the bindings were
 never generated, instead of an ImportError from deep inside.
@@ -21,7 +21,7 @@ try:
     from ._pb.k8s.io.kubelet.pkg.apis.dra import v1beta1 as _dra_v1beta1
 except ImportError as exc:
     raise BindingsMissing(
-        f"the kubelet API bindings (k8snode/dra/_pb) are missing ({exc}): run `python -m testbed.kubelet_api` "
+        f"the kubelet API bindings (k8snode/dra/_pb) are missing ({exc}): run `python -m fetch.kubelet_api` "
         "(or .ci/setup --tests)"
     ) from None
 

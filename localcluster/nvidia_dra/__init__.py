@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
+from fetch import thirdparty
 from gpumodel.profile import Profile
 from k8snode import nodeinfo
-from testbed import thirdparty
 
 from ..node import MOKKA_ROOT
 from . import image

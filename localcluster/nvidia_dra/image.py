@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from testbed import images as oci
+from containers import images as oci
 
 ROOTFS = Path(__file__).resolve().parent / "rootfs"
 BASH = Path("/bin/bash")

@@ -29,7 +29,7 @@ def bench() -> None:
 @click.option("--calls", type=click.IntRange(min=1), default=1_000_000, show_default=True, help="Calls per getter.")
 def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int) -> None:
     """The mock library: ns per call, nvmlInit time, nvidia-smi wall time and RSS, size."""
-    from testbed import bench as benchmarks
+    from bench import nvml as benchmarks
 
     p = load_profile(profile_name, gpus if gpus is not None else 8)
     benchmarks.run(p, smi, calls)
@@ -44,7 +44,7 @@ def bench_dcgm(profile_name: str, rounds: int) -> None:
     """NVIDIA's dcgm-exporter on the mock libdcgm: start time and /metrics scrape latency for 8 and 64
     GPUs, against nvidia-smi --query-gpu over the same fields (target: 8 GPUs no slower). The
     exporter's binary comes from $MOKKA_DCGM_DIR."""
-    from testbed import bench_dcgm
+    from bench import dcgm as bench_dcgm
 
     bench_dcgm.run(load_profile(profile_name, None), rounds)
 
@@ -128,7 +128,7 @@ def bench_nri(
     py_spy: Path | None,
 ) -> None:
     """The NRI plugin on private containerds (root): CreateContainer cost, CPU, RSS, start, restarts, chaos."""
-    from testbed import bench_nri
+    from bench import nri as bench_nri
 
     bench_nri.run(
         list(dict.fromkeys(versions)),
@@ -158,7 +158,7 @@ def bench_nri(
 )
 def bench_host_setup(profile_name: str, rounds: int) -> None:
     """`mokka host setup` wall time for 8 and 64 GPUs (fresh root each round, then cleanup)."""
-    from testbed import bench as benchmarks
+    from bench import nvml as benchmarks
 
     benchmarks.host_setup(profile_name, rounds)
 
@@ -175,6 +175,6 @@ def bench_host_setup(profile_name: str, rounds: int) -> None:
 @click.option("--calls", type=click.IntRange(1), default=1_000_000, show_default=True, help="Calls per getter.")
 def bench_fault(profile_name: str, gpus: int | None, cli_rounds: int, rounds: int, calls: int) -> None:
     """Fault to first NVML read (CLI and API), getter cost with patterns active, event wake-up."""
-    from testbed import fault_bench
+    from bench import faults as fault_bench
 
     fault_bench.run(load_profile(profile_name, gpus if gpus is not None else 8), cli_rounds, rounds, calls)

@@ -181,8 +181,8 @@ def up_cmd(
     keep_on_failure: bool,
 ) -> None:
     """Start the cluster; prints `export KUBECONFIG=...` on stdout, one progress line per step on stderr."""
+    from fetch.kube import binaries
     from localcluster.cluster import Cluster, ClusterError, Options
-    from testbed.kube import binaries
 
     if nodes and (gpus is not None or profile_name != "h100"):
         fail("--profile and --gpus are for the one node of a cluster without --node: give each --node its own")
@@ -309,11 +309,12 @@ def bench_dra(rounds: int) -> None:
 
     NVIDIA's binaries and chart come from $MOKKA_NVIDIA_DRA_DIR (see `mokka cluster up --allocator nvidia-dra`).
     """
-    from localcluster import bench_dra, nvidia_dra
+    from bench import dra as bench_dra
+    from localcluster import nvidia_dra
     from localcluster.cluster import ClusterError
 
     try:
-        from testbed import debcache
+        from fetch import debcache
 
         nvidia_dra.find(debcache.default_cache())
         bench_dra.run(rounds)
@@ -360,13 +361,13 @@ def bench_cluster(
     With --virtual N: N virtual nodes (and fake-gpu-operator serving N, side by side) → Ready (target:
     1000 <= 60 s), the API server's and kwok's RSS, and the scheduling of --pods one-GPU pods.
     """
-    from localcluster import bench as cluster_bench
+    from bench import cluster as cluster_bench
     from localcluster.cluster import ClusterError
 
     load_profile(profile_name, None)
     try:
         if virtual_count:
-            from localcluster import bench_virtual
+            from bench import virtual as bench_virtual
 
             bench_virtual.run(profile_name, virtual_count, pods or 1000)
             return

@@ -139,7 +139,7 @@ def host_setup(
 
 def _debian_nvidia_smi(fetch: bool) -> Path | None:
     """Debian's nvidia-smi 550 from Mokka's cache (fetched once; a dry run fetches nothing)."""
-    from testbed import nvidia_smi
+    from fetch import nvidia_smi
 
     if not fetch:
         found = nvidia_smi.cached("550")
@@ -316,8 +316,8 @@ def cdi_generate(root: Path, out_dir: Path, kind: str, validate: bool, to_stdout
     """Write the CDI spec: devices by index, by UUID and `all`, edits from the node layout (MIG
     devices as `<gpu>:<mig>` and by MIG UUID, as the MIG layout stands now)."""
     import cdi as cdi_pkg
+    from fetch import cdi_schema
     from gpumodel import nodelayout
-    from testbed import cdi_schema
 
     try:
         layout = nodelayout.NodeLayout.load(root)

@@ -34,8 +34,8 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
     import subprocess
     import tempfile
 
+    from fetch import nvidia_smi
     from gpumodel import driver_root
-    from testbed import nvidia_smi
 
     if smi_version not in nvidia_smi.SUITES:
         fail(f"--smi-version {smi_version}: Debian ships nvidia-smi {', '.join(sorted(nvidia_smi.SUITES))}")
@@ -85,8 +85,8 @@ def demo_cmd(profile_name: str, gpus: int | None, version: str | None, keep: boo
     """
     import logging
 
-    from testbed import demo
-    from testbed.command import SandboxError
+    from containers.command import SandboxError
+    from mokka import demo
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if stop_:

@@ -1,0 +1,124 @@
+"""`mokka bench cluster --virtual N`: a fleet of N virtual GPU nodes (:mod:`.virtual`) beside one
+real node, and — where fake-gpu-operator's binaries are found (``MOKKA_FGO_DIR``) — the same N
+served by FGO, side by side in the same run, each in a cluster of its own:
+
+- ``up`` → N nodes Ready with their GPUs (the KWOK step of ``up``; all of ``up`` too);
+- RSS of kube-apiserver, etcd, kwok (and FGO's processes) with the N nodes up;
+- scheduling throughput: a Deployment of ``--pods`` one-GPU pods over the N nodes, create → every
+  pod bound (pods/s) and → every pod Running.
+
+Targets (2 cores): 1000 virtual nodes Ready <= 60 s; no process per node (kwok is one). Figures are
+printed with their targets, a missed one marked MISSED; nothing asserts on them.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.cluster import _row, _rss_mib
+from localcluster.cluster import Cluster, ClusterError, Options
+from localcluster.fgo import FGO_POOL_LABEL, FgoSpec, source_dir
+from localcluster.virtual import VIRTUAL_LABEL, VirtualSpec
+
+TARGET_1000_READY_S = 60.0
+
+
+def _rss(c: Cluster, names: tuple[str, ...]) -> dict[str, float]:
+    return {n: _rss_mib(p.pid) for n in names if (p := c.proc(n)) is not None and p.alive()}
+
+
+def gpu_deployment(name: str, replicas: int, selector: dict[str, str]) -> dict[str, Any]:
+    """A Deployment of ``replicas`` pods asking for one GPU each, on nodes matching ``selector``."""
+    container = {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"nodeSelector": selector, "containers": [container]},
+            },
+        },
+    }
+
+
+def schedule(c: Cluster, selector: dict[str, str], pods: int, timeout: float = 900) -> tuple[float, float]:
+    """Seconds from creating a Deployment of ``pods`` one-GPU pods on nodes matching ``selector`` until
+    every pod is bound to a node, and until every pod is Running; the Deployment is deleted after."""
+    from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
+
+    api = c.api()
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    body = gpu_deployment("bench-schedule", pods, selector)
+    t0 = time.monotonic()
+    apps.create_namespaced_deployment("default", body)
+    bound = running = 0.0
+    try:
+        while not running:
+            if time.monotonic() - t0 > timeout:
+                raise ClusterError(f"{pods} pods not Running within {timeout:g}s")
+            time.sleep(0.5)
+            found = core.list_namespaced_pod("default", label_selector="app=bench-schedule", _preload_content=False)
+            items: list[dict[str, Any]] = json.loads(found.data)["items"]
+            if not bound and sum(1 for p in items if p["spec"].get("nodeName")) == pods:
+                bound = time.monotonic() - t0
+            if bound and sum(1 for p in items if p["status"].get("phase") == "Running") == pods:
+                running = time.monotonic() - t0
+    finally:
+        apps.delete_namespaced_deployment("bench-schedule", "default")
+    return bound, running
+
+
+def _one(options: Options, selector: dict[str, str], pods: int) -> dict[str, Any]:
+    t0 = time.monotonic()
+    c = Cluster.up(options, progress=lambda s: None)
+    try:
+        up = time.monotonic() - t0
+        step = next(v for k, v in c.state.timings.items() if k.startswith(("KWOK", "fake-gpu-operator")) and
+                    ("fake-gpu-operator" in k) == bool(options.fgo))  # fmt: skip
+        rss = _rss(c, ("kube-apiserver", "etcd", "kwok", "fgo-status-updater", "fgo-kwok-gpu-device-plugin",
+                       "fgo-status-exporter-kwok"))  # fmt: skip
+        bound, running = schedule(c, selector, pods)
+        return {"up": up, "ready": step, "rss": rss, "bound": bound, "running": running}
+    finally:
+        if problems := c.down():
+            raise ClusterError("; ".join(problems))
+
+
+def run(profile: str, count: int, pods: int) -> None:
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="mokka-bench-virtual-") as tmp:
+        # The first `up` builds or fetches whatever the cache lacks: it is not timed.
+        Cluster.up(Options(base=Path(tmp) / "warm", profile=profile), progress=lambda s: None).down()
+        spec = VirtualSpec(profile, None, count)
+        opts = Options(base=Path(tmp) / "mokka", profile=profile, virtual=(spec,))
+        results["mokka"] = _one(opts, {VIRTUAL_LABEL: "true"}, pods)
+        if source_dir() is not None:
+            fgo_spec = FgoSpec("bench", profile, count)
+            opts = Options(base=Path(tmp) / "fgo", profile=profile, fgo=(fgo_spec,))
+            results["fgo"] = _one(opts, {FGO_POOL_LABEL: "bench"}, pods)
+    print(f"{'figure':<46}{'median':>10}    {'target':>16}", flush=True)
+    for who, r in results.items():
+        label = "Mokka virtual" if who == "mokka" else "fake-gpu-operator"
+        missed = count >= 1000 and r["ready"] > TARGET_1000_READY_S * count / 1000
+        target = f"<= {TARGET_1000_READY_S * count / 1000:.0f} s" if count >= 1000 else ""
+        _row(f"{label}: {count} nodes Ready with GPUs", r["ready"], target, missed)
+        _row(f"{label}: cluster up in all", r["up"])
+        for name, mib in r["rss"].items():
+            _row(f"{label}: RSS {name}", mib, unit="MiB")
+        _row(f"{label}: {pods} one-GPU pods bound", r["bound"])
+        _row(f"{label}:   scheduling throughput", pods / r["bound"], unit="p/s")
+        _row(f"{label}: {pods} pods Running", r["running"])
+    if "fgo" in results:
+        m, f = results["mokka"], results["fgo"]
+        _row("ratio Ready (Mokka / FGO)", m["ready"] / f["ready"], unit="")
+        _row("ratio pods Running (Mokka / FGO)", m["running"] / f["running"], unit="")
+    else:
+        print("fake-gpu-operator: not compared (set MOKKA_FGO_DIR to its binaries)", flush=True)
