@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster import _row
-from localcluster import nvidia_dra
+from localcluster.addons import nvidia_dra
 from localcluster.cluster import Cluster, ClusterError, Options
 from localcluster.images import WORKLOAD_IMAGE
 from localcluster.nodespec import NodeSpec

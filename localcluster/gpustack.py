@@ -23,7 +23,7 @@ from gpumodel import nodelayout
 from gpumodel.profile import Profile
 from hostsetup import node as hostnode
 
-from .config import NodeLayout
+from .layout import NodeLayout
 
 ALLOCATORS = ("device-plugin", "dra", "nvidia-dra", "none")
 MIG_STRATEGIES = ("none", "single", "mixed")  # the device plugin's and GFD's --mig-strategy

@@ -6,44 +6,47 @@ at the real ``/sys`` paths: nothing of another node is visible there), its conta
 CDI and NRI on), kubelet, NRI plugin, and NVIDIA's device plugin and GFD (or the DRA driver).
 Its processes are named ``<process>@<node>`` in the cluster's state, its logs are under
 ``logs/<node>/``. The cluster (:mod:`.cluster`) runs the control plane and brings its nodes up
-step by step, every node at each step, so that the nodes' waits overlap.
+step by step, every node at each step, so that the nodes' waits overlap. A node reaches the rest
+of the cluster through the :class:`~.context.Context` it is given.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fetch import containerd_dist
+from fetch.kube import versions
 from gpumodel import profile as profiles
-from hostsetup.node import DEFAULT_ROOT
 
 from . import cgroups, config, gpustack, process
-from .config import NodeLayout, NodePorts
+from .errors import ClusterError
+from .layout import MOKKA_ROOT, NodeLayout, NodePorts
 from .nodewatch import ready
+from .processes import Processes
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
+    from .context import Context
 
-__all__ = ["Node"]
-
-MOKKA_ROOT = str(DEFAULT_ROOT)  # host setup's default root, where Mokka's chart stages a node
+__all__ = ["Node", "new_record", "run_gfd"]
 
 
 class Node:
-    """Node ``name`` of ``cluster``, as its state records it (``cluster.state.nodes[index]``)."""
+    """Node ``index`` of the cluster of ``ctx``, as its state records it (``ctx.state.nodes[index]``)."""
 
-    def __init__(self, cluster: Cluster, index: int) -> None:
-        self.cluster = cluster
+    def __init__(self, ctx: Context, index: int) -> None:
+        self.ctx = ctx
         self.index = index
 
     @property
     def record(self) -> dict[str, Any]:
-        return self.cluster.state.nodes[self.index]
+        return self.ctx.state.nodes[self.index]
 
     @property
     def name(self) -> str:
@@ -51,7 +54,7 @@ class Node:
 
     @property
     def layout(self) -> NodeLayout:
-        return self.cluster.layout.node(self.name, self.index)
+        return self.ctx.layout.node(self.name, self.index)
 
     @property
     def ports(self) -> NodePorts:
@@ -70,7 +73,7 @@ class Node:
         return f"{name}@{self.name}"
 
     def proc(self, name: str) -> process.Proc | None:
-        return self.cluster.proc(self.proc_name(name))
+        return self.ctx.processes.get(self.proc_name(name))
 
     @property
     def holder(self) -> int | None:
@@ -79,23 +82,21 @@ class Node:
 
     def run(self, argv: Sequence[str], **kw: Any) -> Any:
         """Run ``argv`` inside this node's mount namespace (where its kubelet's sockets are)."""
-        return self.cluster.run_in(self.holder, argv, **kw)
+        return self.ctx.processes.run(self.holder, argv, **kw)
 
     def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> process.Proc:
         """A long-running process in this node's namespace, stopped by ``down``."""
-        return self.cluster.spawn_in(self.holder, self.proc_name(name), argv, self.layout.logs / f"{name}.log", env)
+        return self.ctx.processes.spawn(self.holder, self.proc_name(name), argv, self.layout.logs / f"{name}.log", env)
 
     def stop_process(self, name: str) -> None:
-        self.cluster.stop_process(self.proc_name(name))
+        self.ctx.processes.stop(self.proc_name(name))
 
     # ------------------------------------------------------------------ facts
 
     def api_node(self) -> dict[str, Any] | None:
         """The Node object as the API server has it (None while it is unreachable or absent)."""
-        from .cluster import ClusterError
-
         try:
-            return self.cluster.get(f"/api/v1/nodes/{self.name}")
+            return self.ctx.apiserver.get(f"/api/v1/nodes/{self.name}")
         except ClusterError:
             return None
 
@@ -108,17 +109,17 @@ class Node:
     def slice_devices(self, driver: str | None = None) -> int:
         """Devices this node's ResourceSlices publish (of one driver when given; 0 while none, or the
         API is unreachable)."""
-        from .cluster import ClusterError
-
         try:
-            found = self.cluster.get(f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={self.name}")
+            found = self.ctx.apiserver.get(
+                f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={self.name}"
+            )
         except ClusterError:
             return 0
         items = [i for i in found.get("items", []) if driver is None or i.get("spec", {}).get("driver") == driver]
         return sum(len(item.get("spec", {}).get("devices", [])) for item in items)
 
     def label(self, labels: Mapping[str, str]) -> None:
-        self.cluster.patch(f"/api/v1/nodes/{self.name}", {"metadata": {"labels": dict(labels)}})
+        self.ctx.apiserver.patch(f"/api/v1/nodes/{self.name}", {"metadata": {"labels": dict(labels)}})
 
     # ------------------------------------------------------------------ up, step by step
 
@@ -138,7 +139,7 @@ class Node:
         shared mounts, as on a systemd host: pods may mount them Bidirectional or HostToContainer
         (NVIDIA's kubelet plugins do), which containerd allows from shared mounts only."""
         layout = self.layout
-        staged_at_root = self.cluster.state.options.get("allocator") == "nvidia-dra"
+        staged_at_root = self.ctx.options.get("allocator") == "nvidia-dra"
         binds: list[list[str]] = []
         for host, private in config.PRIVATE_PATHS.items():
             d = layout.ns / private
@@ -152,7 +153,7 @@ class Node:
             binds.append([str(f), f"/proc/sys/{key}"])
         sys_binds, links = gpustack.namespace_entries(layout)
         view = {"binds": binds + sys_binds, "links": links, "shared": ["/var/lib/kubelet", MOKKA_ROOT]}
-        self.record["namespace_inode"] = self.cluster.start_holder(
+        self.record["namespace_inode"] = self.ctx.processes.start_holder(
             self.proc_name("namespace"), view, layout.ns, layout.logs
         )
 
@@ -166,8 +167,14 @@ class Node:
     def containerd_up(self) -> bool:
         return self.layout.containerd_socket.exists() and self.ctr("version", check=False).returncode == 0
 
-    def ctr(self, *args: str, check: bool = True) -> Any:
-        return self.cluster.ctr_at(self.layout.containerd_socket, *args, check=check)
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``ctr`` on this node's containerd (namespace k8s.io)."""
+        bindir = containerd_dist.fetch(versions.CONTAINERD, self.ctx.cache)
+        argv = [str(bindir / "ctr"), "-a", str(self.layout.containerd_socket), "-n", "k8s.io", *args]
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        if check and res.returncode != 0:
+            raise ClusterError(f"ctr {' '.join(args)}: {res.stderr.strip()}")
+        return res
 
     def start_nri(self, external: bool) -> None:
         self.spawn("nri-plugin", gpustack.nri_plugin_argv(self.layout, self.ports.nri_health, external))
@@ -190,7 +197,7 @@ class Node:
 
     def run_gfd(self, binary: Path, mig_strategy: str) -> dict[str, str]:
         """GFD one-shot in the node's namespace; its labels (applied by the caller: NFD's job)."""
-        return run_gfd(self.cluster, self.holder, self.layout, binary, mig_strategy)
+        return run_gfd(self.ctx.processes, self.holder, self.layout, binary, mig_strategy)
 
     # ------------------------------------------------------------------ down
 
@@ -202,10 +209,10 @@ class Node:
         # Hold the namespace open: while this descriptor lives, its inode is not handed to a new
         # namespace, so "every process in it" never names another one's (nsfs reuses numbers).
         ns_fd = os.open(f"/proc/{holder.pid}/ns/mnt", os.O_RDONLY) if holder and holder.alive() else None
-        mine = [p.name for p in self.cluster.procs if p.name.endswith(f"@{self.name}")]
+        mine = [p.name for p in self.ctx.processes.all() if p.name.endswith(f"@{self.name}")]
         last = {self.proc_name(n) for n in ("kubelet", "containerd", "namespace")}
         for name in [n for n in mine if n not in last] + [self.proc_name("kubelet")]:
-            if (p := self.cluster.proc(name)) is not None and p.stop():
+            if (p := self.ctx.processes.get(name)) is not None and p.stop():
                 problems.append(f"{name} ignored SIGTERM")
         problems += cgroups.remove(self.layout.cgroup_root)
         if (p := self.proc("containerd")) is not None and p.stop():
@@ -224,15 +231,13 @@ class Node:
 
 
 def run_gfd(
-    cluster: Cluster, holder: int | None, layout: NodeLayout, binary: Path, mig_strategy: str
+    processes: Processes, holder: int | None, layout: NodeLayout, binary: Path, mig_strategy: str
 ) -> dict[str, str]:
     """GFD one-shot on the mock node of ``layout`` in the mount namespace of ``holder``; its labels
     (its output in ``logs/<node>/gfd.log``)."""
-    from .cluster import ClusterError
-
     layout.gfd.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **gpustack.nvml_env(layout)}
-    res = cluster.run_in(holder, gpustack.gfd_argv(binary, layout, mig_strategy), timeout=120, env=env)
+    res = processes.run(holder, gpustack.gfd_argv(binary, layout, mig_strategy), timeout=120, env=env)
     layout.logs.mkdir(parents=True, exist_ok=True)
     (layout.logs / "gfd.log").write_text(res.stdout + res.stderr)
     out = layout.gfd / "labels"

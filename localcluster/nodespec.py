@@ -16,7 +16,7 @@ from pathlib import Path
 from gpumodel import fleet
 from gpumodel import profile as profiles
 
-from .config import MAX_NODES
+from .layout import MAX_NODES
 from .pki import NODE_NAME
 
 __all__ = ["NodeSpec", "ResolvedNode", "resolve"]

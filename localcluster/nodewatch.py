@@ -3,9 +3,9 @@ a condition yet (Ready with their GPUs, say). A list of thousands of nodes every
 costs the API server and this process seconds of CPU each time; a watch sends each node once,
 then its changes.
 
-``NodeWatch(cluster, selector, names, done).poll(seconds)`` lists the nodes once (from the API
+``NodeWatch(apiserver, selector, names, done).poll(seconds)`` lists the nodes once (from the API
 server's watch cache), then reads the watch's events from that list's version for up to ``seconds``
-at a time, and says whether every named node satisfies ``done``; :meth:`Cluster.wait` calls it
+at a time, and says whether every named node satisfies ``done``; the cluster's ``wait`` calls it
 until then (checking the cluster's processes in between). A watch whose version is too old lists
 again.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
+    from .apiserver import ApiServer
 
 __all__ = ["NodeWatch", "ready"]
 
@@ -32,8 +32,8 @@ def ready(node: Json) -> bool:
 
 
 class NodeWatch:
-    def __init__(self, cluster: Cluster, selector: str, names: Iterable[str], done: Callable[[Json], bool]) -> None:
-        self.cluster = cluster
+    def __init__(self, apiserver: ApiServer, selector: str, names: Iterable[str], done: Callable[[Json], bool]) -> None:
+        self.apiserver = apiserver
         self.selector = selector
         self.names = set(names)
         self.done = done
@@ -64,8 +64,8 @@ class NodeWatch:
 
     def _get(self, query: dict[str, str], timeout: float) -> Any:
         params = urllib.parse.urlencode({"labelSelector": self.selector, **query})
-        url = f"{self.cluster.server}/api/v1/nodes?{params}"
-        return urllib.request.urlopen(url, context=self.cluster.ssl_context(), timeout=timeout)
+        url = f"{self.apiserver.server}/api/v1/nodes?{params}"
+        return urllib.request.urlopen(url, context=self.apiserver.ssl_context(), timeout=timeout)
 
     def _list(self) -> None:
         """Every node as the watch cache has it (resourceVersion 0: no read of etcd), and the version

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from fetch.kube import binaries
-from localcluster import nvidia_dra
+from localcluster.addons import nvidia_dra
 from localcluster.cluster import Cluster, Options, leftovers
 from localcluster.images import WORKLOAD_IMAGE
 

@@ -13,6 +13,7 @@ import pytest
 from cluster_fixtures import pod_manifest, start_cluster, wait_for
 
 from fetch import dcgm_exporter
+from localcluster.addons import dcgm
 from localcluster.cluster import Cluster
 
 pytestmark = [
@@ -32,7 +33,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def temperatures(cluster: Cluster) -> list[dcgm_exporter.Sample]:
-    return [s for s in dcgm_exporter.parse(cluster.dcgm_metrics()) if s.name == "DCGM_FI_DEV_GPU_TEMP"]
+    return [s for s in dcgm_exporter.parse(dcgm.metrics(cluster)) if s.name == "DCGM_FI_DEV_GPU_TEMP"]
 
 
 def test_the_exporter_serves_every_gpu_of_the_node(cluster: Cluster) -> None:
@@ -73,7 +74,7 @@ def test_a_pods_gpus_carry_its_labels(cluster: Cluster, tmp_path: Path) -> None:
         # The pod's container is a process on its two GPUs (the NRI plugin lists it): their memory
         # used is its default 1024 MiB; the exporter itself (NVIDIA_VISIBLE_DEVICES=all) is none.
         def used() -> dict[str, float]:
-            text = cluster.dcgm_metrics()
+            text = dcgm.metrics(cluster)
             return {s.labels["UUID"]: s.value for s in dcgm_exporter.parse(text) if s.name == "DCGM_FI_DEV_FB_USED"}
 
         fb = wait_for("the pod's memory on its GPUs", lambda: used() if sum(used().values()) else None, 30)

@@ -17,10 +17,10 @@ import pytest
 from cluster_fixtures import claim_pod, needs_nvidia_dra, start_cluster, wait_for
 
 from gpumodel import nodelayout
-from localcluster import nvidia_dra
+from localcluster.addons import nvidia_dra
+from localcluster.addons.nvidia_dra import image as driver_image
 from localcluster.cluster import Cluster
 from localcluster.nodespec import NodeSpec
-from localcluster.nvidia_dra import image as driver_image
 
 pytestmark = [
     pytest.mark.root,

@@ -19,7 +19,8 @@ from cluster_fixtures import claim_pod, install_chart, needs_nvidia_dra, start_c
 from mig_fixtures import mig_profile_data
 
 from gpumodel import mig_state
-from localcluster import nvidia_dra
+from localcluster.addons import nvidia_dra
+from localcluster.addons.nvidia_dra.install import install
 from localcluster.cluster import Cluster
 
 pytestmark = [
@@ -67,7 +68,7 @@ def installed(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     wait_for("Mokka's DaemonSet Ready (the node staged at /var/lib/mokka)", staged, 180)
     bins = binaries.cached(None)
     assert bins is not None
-    cluster.install_nvidia_dra(bins["nvidia-cdi-hook"], prepare.go_binary(versions.HELM), debcache.default_cache())
+    install(cluster, bins["nvidia-cdi-hook"], prepare.go_binary(versions.HELM), debcache.default_cache())
     yield cluster.node().layout.ns / "mokka-root"  # /var/lib/mokka in the node's namespace
     cluster.kubectl("delete", "namespace", nvidia_dra.NAMESPACE, "--wait=false", check=False)
     cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input=mokka, check=False)

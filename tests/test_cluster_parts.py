@@ -25,7 +25,7 @@ from fetch.kube import binaries, gobuild, versions
 from gpumodel import fleet, profile
 from hostsetup import sysfs
 from localcluster import config, gpustack, pki
-from localcluster.config import Layout, NodePorts, Ports
+from localcluster.layout import MAX_NODES, Layout, NodePorts, Ports
 from localcluster.nodespec import NodeSpec, resolve
 
 LAYOUT = Layout(Path("/run/mokka-cluster"))
@@ -278,7 +278,7 @@ def test_a_rack_is_one_fabric_domain() -> None:
 
 
 def test_nodes_share_the_pod_subnet_in_ranges_of_their_own() -> None:
-    ranges = [LAYOUT.node(f"n{i}", i).pod_range for i in range(config.MAX_NODES)]
+    ranges = [LAYOUT.node(f"n{i}", i).pod_range for i in range(MAX_NODES)]
     subnet = ipaddress.ip_network(LAYOUT.pod_subnet)
     addresses = [(int(ipaddress.ip_address(a)), int(ipaddress.ip_address(b))) for a, b in ranges]
     assert all(ipaddress.ip_address(a) in subnet and ipaddress.ip_address(b) in subnet for a, b in ranges)

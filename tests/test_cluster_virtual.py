@@ -20,10 +20,10 @@ from cluster_fixtures import start_cluster, wait_for
 
 from bench.virtual import gpu_deployment
 from gpumodel import fleet
-from localcluster import fgo
+from localcluster.addons import fgo
+from localcluster.addons.fgo import FgoSpec
+from localcluster.addons.virtual import VirtualSpec
 from localcluster.cluster import Cluster
-from localcluster.fgo import FgoSpec
-from localcluster.virtual import VirtualSpec
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

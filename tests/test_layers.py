@@ -158,3 +158,39 @@ def test_the_nri_plugin_process_loads_no_tooling() -> None:
     tops = {m.split(".")[0] for m in mods}
     assert not tops & {"fetch", "containers", "localcluster", "bench", "mokka", "hostsetup", "cdi", "k8snode"}
     assert not tops & {"pydantic", "cffi", "kubernetes"}, "the plugin process stays small"
+
+
+# Packages whose files import each other one way only, at any level: imports inside functions count
+# too (a late import is still a dependency), ``if TYPE_CHECKING:`` blocks do not. The local
+# cluster's add-ons get what they use of the cluster passed in (localcluster.context), never by
+# importing localcluster.cluster back.
+ACYCLIC = ("fetch", "containers", "localcluster", "bench", "mokka")
+
+
+@pytest.mark.parametrize("package", ACYCLIC)
+def test_no_import_cycle_between_files_of_a_package(package: str) -> None:
+    known = dict(modules(package))
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        edges = set()
+        for target, _line in imports(name, path, module_level_only=False):
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.add(target)
+        graph[name] = edges
+
+    def reaches(start: str, goal: str) -> list[str] | None:
+        stack, seen = [[start]], {start}
+        while stack:
+            path = stack.pop()
+            for nxt in sorted(graph[path[-1]]):
+                if nxt == goal:
+                    return [*path, nxt]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append([*path, nxt])
+        return None
+
+    cycles = {" -> ".join(c) for name in graph for other in graph[name] if (c := reaches(other, name))}
+    assert not cycles, "\n".join(sorted(cycles))

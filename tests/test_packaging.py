@@ -86,9 +86,9 @@ def test_the_wheel_carries_the_native_libraries_and_the_data_files(wheel: Path) 
         "nri_mokka/nri/proto/nri.proto",
         "fetch/kube/gosrc/kube.go",  # `mokka cluster`'s Kubernetes build
         # NVIDIA's DRA driver image: the controller's and plugin's templates, the plugins' start check
-        "localcluster/nvidia_dra/rootfs/templates/compute-domain-daemon.tmpl.yaml",
-        "localcluster/nvidia_dra/rootfs/templates/compute-domain-daemon-config.tmpl.cfg",
-        "localcluster/nvidia_dra/rootfs/usr/bin/kubelet-plugin-prestart.sh",
+        "localcluster/addons/nvidia_dra/rootfs/templates/compute-domain-daemon.tmpl.yaml",
+        "localcluster/addons/nvidia_dra/rootfs/templates/compute-domain-daemon-config.tmpl.cfg",
+        "localcluster/addons/nvidia_dra/rootfs/usr/bin/kubelet-plugin-prestart.sh",
     }
     assert data <= names
     generated = sorted({n.split("/_pb/")[0] for n in names if "/_pb/" in n})
@@ -128,7 +128,7 @@ def test_cluster_from_the_installed_package(venv: Path, allocator: str) -> None:
         pytest.skip("a local cluster needs root")
     env = {}
     if allocator == "nvidia-dra":
-        from localcluster import nvidia_dra
+        from localcluster.addons import nvidia_dra
 
         if (brought := nvidia_dra.source_dir()) is None:
             pytest.skip(f"no NVIDIA DRA driver (${nvidia_dra.ENV_DIR})")

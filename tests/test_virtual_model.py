@@ -1,4 +1,4 @@
-"""The virtual pools' model (localcluster.virtual, localcluster.fgo): specs, what a node carries,
+"""The virtual pools' model (localcluster.addons.virtual, localcluster.addons.fgo): specs, what a node carries,
 faults as the device plugin reports them. No cluster: the API side is in test_cluster_virtual."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import pytest
 import yaml
 
 from gpumodel import fleet, profile
-from localcluster import fgo, gpustack, virtual
-from localcluster.fgo import FgoSpec
-from localcluster.virtual import Pool, VirtualSpec
+from localcluster import gpustack
+from localcluster.addons import fgo, virtual
+from localcluster.addons.fgo import FgoSpec
+from localcluster.addons.virtual import Pool, VirtualSpec
 
 
 def pool(profile_name: str = "h100", gpus: int = 8, count: int = 3, racked: bool = False) -> Pool:

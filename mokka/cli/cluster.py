@@ -50,7 +50,7 @@ def _node_spec(_ctx: click.Context, _param: click.Parameter, values: tuple[str, 
 
 
 def _virtual_spec(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> tuple[Any, ...]:
-    from localcluster.virtual import VirtualSpec
+    from localcluster.addons.virtual import VirtualSpec
 
     try:
         specs = tuple(VirtualSpec.parse(v) for v in values)
@@ -78,7 +78,7 @@ def virtual_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _fgo_spec(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> tuple[Any, ...]:
-    from localcluster.fgo import FgoSpec
+    from localcluster.addons.fgo import FgoSpec
 
     try:
         return tuple(FgoSpec.parse(v) for v in values)
@@ -244,10 +244,11 @@ def down_cmd(base: Path) -> None:
 @DIR_OPTION
 def relabel_cmd(base: Path) -> None:
     """Run GPU Feature Discovery again on every node and apply its labels (GFD's daemon does it every minute)."""
+    from localcluster.addons import gfd
     from localcluster.cluster import Cluster, ClusterError
 
     try:
-        for node, labels in Cluster.load(base).relabel().items():
+        for node, labels in gfd.relabel(Cluster.load(base)).items():
             click.echo(f"{node}: {len(labels)} labels")
     except ClusterError as exc:
         fail(f"{exc}, {base}")
@@ -310,7 +311,7 @@ def bench_dra(rounds: int) -> None:
     NVIDIA's binaries and chart come from $MOKKA_NVIDIA_DRA_DIR (see `mokka cluster up --allocator nvidia-dra`).
     """
     from bench import dra as bench_dra
-    from localcluster import nvidia_dra
+    from localcluster.addons import nvidia_dra
     from localcluster.cluster import ClusterError
 
     try:

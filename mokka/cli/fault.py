@@ -64,8 +64,8 @@ def _cluster_node_root(node: str, cluster_dir: Path) -> Path:
 
 def _virtual_cluster(node: str, cluster_dir: Path) -> Any:
     """The local cluster under ``cluster_dir`` when ``node`` is one of its virtual nodes, else None."""
+    from localcluster.addons.virtualpools import find
     from localcluster.cluster import Cluster, ClusterError
-    from localcluster.virtualpools import find
 
     try:
         c = Cluster.load(cluster_dir)
@@ -77,9 +77,9 @@ def _virtual_cluster(node: str, cluster_dir: Path) -> Any:
 def _virtual_fault(c: Any, node: str, gpu: str | None, kind: str, fields: dict[str, Any]) -> None:
     """Fault ``kind`` on virtual node ``node``: its GPUs healthy or not, as the device plugin reports them."""
     from gpumodel import faults, fleet
+    from localcluster.addons.virtual import fault_effect
+    from localcluster.addons.virtualpools import fault, find
     from localcluster.cluster import ClusterError
-    from localcluster.virtual import fault_effect
-    from localcluster.virtualpools import find
 
     pool = find(c.pools, node)
     assert pool is not None
@@ -103,7 +103,7 @@ def _virtual_fault(c: Any, node: str, gpu: str | None, kind: str, fields: dict[s
             click.echo(f"GPU {i}: {why}")
         return
     try:
-        notes = c.virtual_fault(node, indices, why if effect == "unhealthy" else None)
+        notes = fault(c, node, indices, why if effect == "unhealthy" else None)
     except ClusterError as exc:
         fail(f"{exc}, --node {node} --cluster-dir {c.layout.base}")
         return
@@ -371,7 +371,7 @@ def list_(
     from gpumodel import faults
 
     if node is not None and (virtual_cluster := _virtual_cluster(node, cluster_dir)) is not None:
-        from localcluster.virtualpools import find
+        from localcluster.addons.virtualpools import find
 
         pool = find(virtual_cluster.pools, node)
         bad = pool.faults.get(node, {}) if pool else {}

@@ -36,7 +36,7 @@ from fetch import thirdparty
 from gpumodel.profile import Profile
 from k8snode import nodeinfo
 
-from ..node import MOKKA_ROOT
+from ...layout import MOKKA_ROOT
 from . import image
 
 ENV_DIR = "MOKKA_NVIDIA_DRA_DIR"

@@ -11,10 +11,19 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from containers import images as oci
 from fetch import dcgm_exporter
+
+from ..errors import ClusterError
+from ..nodewatch import ready
+from .base import Kit
+
+if TYPE_CHECKING:
+    from ..context import Context
+
+__all__ = ["DcgmExporter", "metrics", "ready_pods"]
 
 IMAGE = "localhost/mokka/dcgm-exporter:1"
 NAMESPACE = "gpu-monitoring"
@@ -97,3 +106,41 @@ def daemonset() -> dict[str, Any]:
 def metrics_path(pod: str) -> str:
     """The API server's proxy to a pod's /metrics."""
     return f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}:{PORT}/proxy/metrics"
+
+
+class DcgmExporter:
+    """The add-on: the image imported into every real node, the DaemonSet, a Ready pod per node."""
+
+    def check(self, cache: Path) -> None:
+        pass  # the exporter is looked for when its image is built (a missing one fails that step)
+
+    def fetch(self, cache: Path | None) -> None:
+        pass
+
+    def up(self, ctx: Context, kit: Kit) -> None:
+        from fetch import debcache
+
+        with ctx.step("dcgm-exporter DaemonSet (NVIDIA's exporter on the mock libdcgm, --kubernetes)"):
+            try:
+                tarball = build_image(ctx.layout.images, ctx.cache or debcache.default_cache())
+            except ExporterUnavailable as exc:
+                raise ClusterError(f"--dcgm-exporter: {exc}") from None
+            ctx.import_image(tarball)
+            ctx.apiserver.post("/api/v1/namespaces", namespace())
+            ctx.apiserver.post(f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets", daemonset())
+            ctx.wait("dcgm-exporter pods Ready on every node", lambda: len(ready_pods(ctx)) == len(ctx.nodes))
+
+
+def ready_pods(ctx: Context) -> dict[str, str]:
+    """The Ready dcgm-exporter pods, by node name."""
+    pods = ctx.apiserver.get(f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=app.kubernetes.io/name={NAME}")
+    return {pod["spec"]["nodeName"]: pod["metadata"]["name"] for pod in pods.get("items", []) if ready(pod)}
+
+
+def metrics(ctx: Context, node: str | None = None) -> str:
+    """The /metrics of the dcgm-exporter on ``node`` (the first node by default)."""
+    name = node or ctx.nodes[0].name
+    pod = ready_pods(ctx).get(name)
+    if pod is None:
+        raise ClusterError(f"no Ready dcgm-exporter pod on {name}")
+    return ctx.apiserver.get_text(metrics_path(pod), timeout=10)

@@ -30,16 +30,20 @@ import yaml
 from fetch import thirdparty
 from gpumodel import profile as profiles
 
+from ..errors import api_errors
+from ..nodewatch import NodeWatch, ready
+from ..processes import READY_TIMEOUT
 from . import virtual
-from .nodewatch import NodeWatch, ready
+from .base import Kit
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
+    from ..context import Context
 
-__all__ = ["BINARIES", "ENV_DIR", "FgoSpec", "find_binaries", "up"]
+__all__ = ["BINARIES", "ENV_DIR", "PROCESSES", "Fgo", "FgoSpec", "find_binaries", "pool_status", "up"]
 
 ENV_DIR = "MOKKA_FGO_DIR"
 BINARIES = ("status-updater", "kwok-gpu-device-plugin", "status-exporter-kwok")
+PROCESSES = tuple(f"fgo-{name}" for name in BINARIES)  # as the cluster's processes are named
 NAMESPACE = "gpu-operator"  # FGO's release namespace (its chart's usual one)
 RESERVATION_NAMESPACE = "runai-reservation"  # its chart's environment.resourceReservationNamespace
 TOPOLOGY = "topology"
@@ -168,11 +172,41 @@ def env(kubeconfig: Path) -> dict[str, str]:
     }
 
 
-def up(cluster: Cluster, specs: list[FgoSpec], bindir: Path, mig_strategy: str) -> None:
+class Fgo:
+    """The add-on: FGO's pools of KWOK nodes (KWOK is started by the virtual pools' add-on)."""
+
+    def __init__(self, specs: list[FgoSpec], mig_strategy: str) -> None:
+        self.specs = specs
+        self.mig_strategy = mig_strategy
+
+    def check(self, cache: Path) -> None:
+        find_binaries(cache)
+
+    def fetch(self, cache: Path | None) -> None:
+        pass
+
+    def up(self, ctx: Context, kit: Kit) -> None:
+        from fetch import debcache
+
+        total = sum(f.count for f in self.specs)
+        with ctx.step(f"fake-gpu-operator: {total} node(s) in pool(s) {', '.join(map(str, self.specs))}"):
+            bindir = find_binaries(ctx.cache or debcache.default_cache())
+            ctx.state.fgo = [str(f) for f in self.specs]
+            ctx.save()
+            with api_errors("fake-gpu-operator"):
+                up(ctx, self.specs, bindir, self.mig_strategy)
+            ctx.wait(
+                f"{total} FGO nodes Ready with GPUs",
+                watch(ctx, self.specs).poll,
+                timeout=max(READY_TIMEOUT, total * 0.1),
+            )
+
+
+def up(ctx: Context, specs: list[FgoSpec], bindir: Path, mig_strategy: str) -> None:
     """FGO's objects, nodes and processes (KWOK runs already)."""
     from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
 
-    core = client.CoreV1Api(cluster.api())
+    core = client.CoreV1Api(ctx.apiserver.client())
     for ns in (NAMESPACE, RESERVATION_NAMESPACE):
         core.create_namespace({"metadata": {"name": ns}}, _preload_content=False)
     for cm in [*profile_configmaps(), topology(specs, mig_strategy)]:
@@ -181,14 +215,14 @@ def up(cluster: Cluster, specs: list[FgoSpec], bindir: Path, mig_strategy: str) 
         lambda item: core.create_node(node_body(*item), _preload_content=False),
         [(s, n) for s in specs for n in s.nodes],
     )
-    for name in BINARIES:
-        cluster.spawn_in(
-            cluster.holder, f"fgo-{name}", [str(bindir / name)], cluster.layout.logs / f"fgo-{name}.log",
-            env=env(cluster.layout.admin_kubeconfig),
+    for name, proc in zip(BINARIES, PROCESSES, strict=True):
+        ctx.processes.spawn(
+            ctx.processes.holder, proc, [str(bindir / name)], ctx.layout.logs / f"{proc}.log",
+            env=env(ctx.layout.admin_kubeconfig),
         )  # fmt: skip
 
 
-def watch(cluster: Cluster, specs: list[FgoSpec]) -> NodeWatch:
+def watch(ctx: Context, specs: list[FgoSpec]) -> NodeWatch:
     """A watch that is done once every FGO node is Ready with its profile's GPUs and product label."""
     gpus = {n: str(profiles.load(s.profile).gpu_count) for s in specs for n in s.nodes}
 
@@ -197,14 +231,14 @@ def watch(cluster: Cluster, specs: list[FgoSpec]) -> NodeWatch:
         labelled = "nvidia.com/gpu.product" in node["metadata"].get("labels", {})
         return ready(node) and labelled and allocatable.get("nvidia.com/gpu") == gpus[node["metadata"]["name"]]
 
-    return NodeWatch(cluster, FGO_POOL_LABEL, gpus, done)
+    return NodeWatch(ctx.apiserver, FGO_POOL_LABEL, gpus, done)
 
 
-def pool_status(cluster: Cluster, specs: list[FgoSpec]) -> list[dict[str, Any]]:
+def pool_status(ctx: Context, specs: list[FgoSpec]) -> list[dict[str, Any]]:
     """Per FGO pool: nodes, Ready, and the GPUs FGO's device plugin gave them."""
     from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
 
-    core = client.CoreV1Api(cluster.api())
+    core = client.CoreV1Api(ctx.apiserver.client())
     items = json.loads(core.list_node(label_selector=FGO_POOL_LABEL, _preload_content=False).data)["items"]
     out = []
     for s in specs:

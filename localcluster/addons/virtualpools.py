@@ -1,40 +1,100 @@
 """The cluster's virtual pools (:mod:`.virtual`) against its API server: each pool computed once
 from its staged profile, its nodes (and their ResourceSlices) created, counted, kept in step
-with faults, and summarised for ``status``. KWOK (:func:`.config.kwok_argv`) does the rest.
+with faults, and summarised for ``status``. KWOK (:func:`localcluster.config.kwok_argv`), which
+:class:`VirtualPools` starts, does the rest.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fetch.kube import binaries, versions
 from gpumodel import fleet, nodelayout
 
-from . import gpustack, virtual
-from .node import run_gfd
-from .nodewatch import NodeWatch, ready
+from .. import config, gpustack
+from ..errors import ClusterError, api_errors
+from ..node import run_gfd
+from ..nodewatch import NodeWatch, ready
+from ..processes import READY_TIMEOUT
+from . import virtual
+from .base import Kit
 from .virtual import Pool, VirtualSpec
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
+    from ..context import Context
 
-__all__ = ["apply_fault", "build", "create", "find", "pool_status", "watch"]
+__all__ = ["VirtualPools", "apply_fault", "build", "create", "fault", "find", "pool_status", "pools", "watch"]
 
 
-def build(cluster: Cluster, spec: VirtualSpec, gfd: Path, nvidia_smi: Path, mig_strategy: str) -> Pool:
+class VirtualPools:
+    """The add-on: the pools computed, then KWOK (also for FGO's nodes) and every pool's nodes."""
+
+    def __init__(self, specs: tuple[VirtualSpec, ...], mig_strategy: str, dra: bool) -> None:
+        self.specs = specs
+        self.mig_strategy = mig_strategy
+        self.dra = dra
+
+    def check(self, cache: Path) -> None:
+        pass
+
+    def fetch(self, cache: Path | None) -> None:
+        pass  # KWOK is built with Kubernetes (fetch.kube.binaries)
+
+    def up(self, ctx: Context, kit: Kit) -> None:
+        specs = self.specs
+        made: list[Pool] = []
+        if specs:
+            with ctx.step(f"virtual pools computed ({', '.join(map(str, specs))}): GFD's labels, GPUs"):
+                gfd = kit.bins["gpu-feature-discovery"]
+                made = [build(ctx, s, gfd, kit.nvidia_smi, self.mig_strategy) for s in specs]
+                ctx.state.virtual = [p.to_json() for p in made]
+                ctx.save()
+        total = sum(p.count for p in made)
+        with ctx.step(f"KWOK {versions.KWOK}: {total} virtual node(s) Ready with their GPUs"):
+            config.write_kwok_configuration(ctx.layout)
+            argv = config.kwok_argv(kit.bins.kwok, ctx.layout, binaries.KWOK_STAGES)
+            ctx.processes.spawn(ctx.processes.holder, "kwok", argv, ctx.layout.logs / "kwok.log")
+            t0 = time.monotonic()
+            with api_errors("virtual nodes"):
+                create(ctx, made, dra=self.dra)
+            ctx.state.timings["virtual nodes created"] = round(time.monotonic() - t0, 2)
+            ctx.wait(f"{total} virtual nodes Ready", watch(ctx, made).poll, timeout=max(READY_TIMEOUT, total * 0.1))
+
+
+def pools(ctx: Context) -> list[Pool]:
+    """The cluster's virtual pools, as made at ``up`` (faults applied since)."""
+    return [Pool(**p) for p in ctx.state.virtual]
+
+
+def fault(ctx: Context, node: str, gpus: Sequence[int], reason: str | None) -> list[str]:
+    """GPUs of virtual node ``node`` unhealthy for ``reason`` (None: healthy again); a note per GPU."""
+    made = pools(ctx)
+    pool = find(made, node)
+    if pool is None:
+        raise ClusterError(f"no virtual node {node!r} in this cluster")
+    if bad := [i for i in gpus if not 0 <= i < pool.gpus]:
+        raise ClusterError(f"node {node} has GPUs 0-{pool.gpus - 1}, not {bad[0]}")
+    with api_errors(f"node {node}"):
+        notes = apply_fault(ctx, pool, node, gpus, reason)
+    ctx.state.virtual = [pool.to_json() if p.name == pool.name else p.to_json() for p in made]
+    ctx.save()
+    return notes
+
+
+def build(ctx: Context, spec: VirtualSpec, gfd: Path, nvidia_smi: Path, mig_strategy: str) -> Pool:
     """Pool ``spec``: its profile staged as a mock node in a mount namespace of its own, labelled
     by GFD (one-shot) and read through NVML as the DRA plugin reads a node; then unstaged."""
     from k8snode.dra import gpus as dra_gpus
     from k8snode.dra import resources
 
-    from .cluster import ClusterError
-
     prof = virtual.profile_for(spec)
     name = f"template-{spec.pool}"
-    layout = cluster.layout.node(name, 0)
+    layout = ctx.layout.node(name, 0)
     staged = fleet.as_node(prof, name)
     racked = virtual.racked(prof)
     if racked:
@@ -44,16 +104,16 @@ def build(cluster: Cluster, spec: VirtualSpec, gfd: Path, nvidia_smi: Path, mig_
         gpustack.stage_node(layout, staged, nvidia_smi)
         binds, links = gpustack.namespace_entries(layout)
         layout.logs.mkdir(parents=True, exist_ok=True)
-        cluster.start_holder(holder_name, {"binds": binds, "links": links}, layout.ns, layout.logs)
-        holder = cluster.proc(holder_name)
-        labels = run_gfd(cluster, holder.pid if holder else None, layout, gfd, mig_strategy)
+        ctx.processes.start_holder(holder_name, {"binds": binds, "links": links}, layout.ns, layout.logs)
+        holder = ctx.processes.get(holder_name)
+        labels = run_gfd(ctx.processes, holder.pid if holder else None, layout, gfd, mig_strategy)
         node = nodelayout.NodeLayout.load(layout.node_root)
         try:
             info = dra_gpus.read(Path(node.library), layout.node_root / "sys")
         except dra_gpus.NvmlError as exc:
             raise ClusterError(f"pool {spec.pool}: {exc}") from None
     finally:
-        cluster.stop_process(holder_name)
+        ctx.processes.stop(holder_name)
         gpustack.unstage_node(layout)
         shutil.rmtree(layout.base, ignore_errors=True)
     return Pool(
@@ -70,19 +130,19 @@ def build(cluster: Cluster, spec: VirtualSpec, gfd: Path, nvidia_smi: Path, mig_
     )
 
 
-def _apis(cluster: Cluster) -> tuple[Any, Any]:
+def _apis(ctx: Context) -> tuple[Any, Any]:
     from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
 
-    api = cluster.api()
+    api = ctx.apiserver.client()
     api.configuration.connection_pool_maxsize = 16
     return client.CoreV1Api(api), client.ResourceV1Api(api)
 
 
-def create(cluster: Cluster, pools: Sequence[Pool], dra: bool) -> None:
+def create(ctx: Context, pools: Sequence[Pool], dra: bool) -> None:
     """Every pool's nodes (and with ``dra`` each node's ResourceSlice, owned by the node)."""
     from k8snode.dra import resources
 
-    core, resource = _apis(cluster)
+    core, resource = _apis(ctx)
 
     def make(item: tuple[Pool, int]) -> None:
         pool, i = item
@@ -95,14 +155,14 @@ def create(cluster: Cluster, pools: Sequence[Pool], dra: bool) -> None:
     virtual.parallel(make, [(p, i) for p in pools for i in range(p.count)])
 
 
-def _virtual_nodes(cluster: Cluster) -> list[dict[str, Any]]:
-    core, _ = _apis(cluster)
+def _virtual_nodes(ctx: Context) -> list[dict[str, Any]]:
+    core, _ = _apis(ctx)
     # From the API server's watch cache (resourceVersion 0): no read of etcd for thousands of nodes.
     found = core.list_node(label_selector=f"{virtual.VIRTUAL_LABEL}=true", resource_version="0", _preload_content=False)
     return list(json.loads(found.data).get("items") or [])
 
 
-def watch(cluster: Cluster, pools: Sequence[Pool]) -> NodeWatch:
+def watch(ctx: Context, pools: Sequence[Pool]) -> NodeWatch:
     """A watch that is done once every virtual node is Ready with its GPUs allocatable."""
     want = {n: p.resources(n, allocatable=True) for p in pools for n in p.nodes}
 
@@ -111,13 +171,13 @@ def watch(cluster: Cluster, pools: Sequence[Pool]) -> NodeWatch:
         resources = want[node["metadata"]["name"]]
         return ready(node) and all(allocatable.get(k) == v for k, v in resources.items())
 
-    return NodeWatch(cluster, f"{virtual.VIRTUAL_LABEL}=true", want, done)
+    return NodeWatch(ctx.apiserver, f"{virtual.VIRTUAL_LABEL}=true", want, done)
 
 
-def pool_status(cluster: Cluster, pools: Sequence[Pool]) -> list[dict[str, Any]]:
+def pool_status(ctx: Context, pools: Sequence[Pool]) -> list[dict[str, Any]]:
     """Per pool: nodes, Ready, GPUs (capacity) and allocatable GPUs, as the API server has them."""
     by_pool: dict[str, list[dict[str, Any]]] = {}
-    for item in _virtual_nodes(cluster):
+    for item in _virtual_nodes(ctx):
         by_pool.setdefault(item["metadata"].get("labels", {}).get(virtual.POOL_LABEL, ""), []).append(item)
     out = []
     for p in pools:
@@ -144,7 +204,7 @@ def find(pools: Sequence[Pool], node: str) -> Pool | None:
     return next((p for p in pools if node in set(p.nodes)), None)
 
 
-def apply_fault(cluster: Cluster, pool: Pool, node: str, gpus: Sequence[int], reason: str | None) -> list[str]:
+def apply_fault(ctx: Context, pool: Pool, node: str, gpus: Sequence[int], reason: str | None) -> list[str]:
     """GPUs ``gpus`` of virtual node ``node`` unhealthy for ``reason`` (None: healthy again), shown as
     the device plugin (allocatable) or the DRA driver (the ResourceSlice) would show it; one note
     per GPU. The caller saves the cluster's state."""
@@ -161,8 +221,8 @@ def apply_fault(cluster: Cluster, pool: Pool, node: str, gpus: Sequence[int], re
             notes.append(f"GPU {i}: unhealthy ({bad[str(i)]})")
     if not bad:
         pool.faults.pop(node, None)
-    allocator = cluster.state.options.get("allocator")
-    core, resource = _apis(cluster)
+    allocator = ctx.options.get("allocator")
+    core, resource = _apis(ctx)
     if allocator == "device-plugin":
         body = {"status": {"allocatable": pool.resources(node, allocatable=True)}}
         core.patch_node_status(node, body, _preload_content=False)

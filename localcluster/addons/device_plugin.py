@@ -1,0 +1,45 @@
+"""NVIDIA's device plugin on every real node (``--allocator device-plugin``, the default): its
+unmodified build against the node's mock NVML, registering with that node's kubelet; up returns
+once every node advertises its profile's GPUs (or MIG devices) as allocatable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fetch.kube import versions
+
+from .. import gpustack
+from .base import Kit
+
+if TYPE_CHECKING:
+    from ..context import Context
+
+__all__ = ["DevicePlugin"]
+
+
+class DevicePlugin:
+    def __init__(self, device_list_strategy: str, mig_strategy: str) -> None:
+        self.device_list_strategy = device_list_strategy
+        self.mig_strategy = mig_strategy
+
+    def check(self, cache: Path) -> None:
+        pass
+
+    def fetch(self, cache: Path | None) -> None:
+        pass  # built with Kubernetes (fetch.kube.binaries)
+
+    def up(self, ctx: Context, kit: Kit) -> None:
+        with ctx.step(f"NVIDIA device plugin {versions.DEVICE_PLUGIN} ({self.device_list_strategy})"):
+            binary, hook = kit.bins["nvidia-device-plugin"], kit.bins["nvidia-cdi-hook"]
+            strategy, mig_strategy = self.device_list_strategy, self.mig_strategy
+            ctx.each(
+                "device plugin",
+                lambda n: n.spawn(
+                    "nvidia-device-plugin",
+                    gpustack.device_plugin_argv(binary, n.layout, strategy, hook, mig_strategy),
+                    env=gpustack.nvml_env(n.layout),
+                ),
+            )
+            wants = {n.name: gpustack.expected_allocatable(ctx.profiles[n.name], mig_strategy) for n in ctx.nodes}
+            ctx.wait_each("allocatable GPUs", lambda n: all(n.allocatable(k) == v for k, v in wants[n.name].items()))
