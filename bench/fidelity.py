@@ -40,6 +40,9 @@ empty). Two rules count them:
 
 A capture element without a value is not counted; if the mock prints a value there, it is
 listed as *invented* (strict classes), and there must be none.
+
+One file, though long: the field classes, the comparison and its report are one rule; the
+tests and the docs quote its classes by this module's name.
 """
 
 from __future__ import annotations

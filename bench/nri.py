@@ -16,6 +16,9 @@ Per containerd version (1.7 and 2.1 by default), on a tmpfs:
 * ``--py-spy DIR``: a profile of the plugin (py-spy, sampling) during one more round of creates
 
 Every figure is printed next to its target; a missed target says MISSED. Tests never time it.
+
+One file, though long: it is one benchmark run, whose rounds share one private containerd per
+version, one tmpfs and one report.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ beside it, so ``clear`` undoes exactly the faults and leaves the profile's own v
 volatile ECC counts, pending remaps and retirements); ``clear --all`` also the persistent
 record a board keeps in its InfoROM (aggregate ECC counts, remapped rows, a remap failure,
 retired pages).
+
+One file, though long: every fault kind and its undo are written against the same record
+(``mokka_faults_t``); keeping them together keeps ``clear`` exactly the inverse of each fault.
 """
 
 from __future__ import annotations

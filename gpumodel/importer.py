@@ -12,6 +12,10 @@ the result lists those fields as inferred. Board-specific counts the capture doe
 (CUDA cores, memory bus width, NVLink) are taken only from a built-in board of the same PCI
 device id; otherwise they stay unknown (N/A) and the result says so. Serials and UUIDs are
 regenerated unless ``keep_ids``; bus ids and module ids (the node's layout) are kept.
+
+One file, though long: it is one reading of one capture, section by section (value parsing, what
+the capture says of one GPU, the completing files, the closest built-in board, putting it
+together); each section only feeds the next, and none is used elsewhere.
 """
 
 from __future__ import annotations

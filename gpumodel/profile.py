@@ -4,6 +4,9 @@ A profile is YAML. ``gpu`` holds the board every GPU shares; ``gpus`` holds per-
 overrides (any subset of ``gpu``'s fields, keyed by index); ``topology`` places the GPUs
 on the PCI bus and on NUMA nodes. Built-in profiles live beside this module in
 ``profiles/`` and were authored from real ``nvidia-smi -q -x`` captures.
+
+One file, though long: it is the one schema of a profile (pydantic models and their validators);
+splitting it would split the fields a reader looks up together.
 """
 
 from __future__ import annotations

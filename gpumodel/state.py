@@ -5,6 +5,9 @@ The layout comes from ``native/mokka_state.h`` through cffi (ABI mode: cffi comp
 same offsets the C compiler does), so the state has one definition. Live changes go
 through one writer path: the file's flock, then native/writer/'s latch publish, in place
 (never by rename: a bind mount pins the inode).
+
+One file, though long: it is the one writer of the state's binary layout (compile, embed,
+locate, check, update under the lock); a second file would be a second writer.
 """
 
 from __future__ import annotations

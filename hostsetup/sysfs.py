@@ -22,6 +22,10 @@ domain needs them), lowercase hex. Contents follow the real H200 capture in
 
 A C program sees these files at their real paths through ``native/sysfs`` (LD_PRELOAD,
 ``MOKKA_SYSFS_ROOT=root``); Go programs need them bind-mounted.
+
+One file, though long: it is the one writer of the driver's procfs and sysfs trees; the trees
+refer to each other (PCI functions, bus links, driver bindings, MIG capabilities), so their
+names are made in one place.
 """
 
 from __future__ import annotations

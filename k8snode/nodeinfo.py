@@ -18,6 +18,10 @@ exactly that — a label changed by someone else since is left alone.
 
 ``python3 -m k8snode.nodeinfo apply|remove|show`` is the in-cluster entry point the Helm
 chart's DaemonSet runs.
+
+One file, though long: the three views are pure functions of one profile, and the node
+labeller (:class:`NodeIdentity`, ``main``) is the one process that applies them; the chart runs
+it by this module's name.
 """
 
 from __future__ import annotations

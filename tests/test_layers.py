@@ -194,3 +194,15 @@ def test_no_import_cycle_between_files_of_a_package(package: str) -> None:
 
     cycles = {" -> ".join(c) for name in graph for other in graph[name] if (c := reaches(other, name))}
     assert not cycles, "\n".join(sorted(cycles))
+
+
+LONG = 500  # lines: a file longer than this says at its top why it is one file
+
+
+def test_a_long_file_says_why_it_is_one() -> None:
+    unexplained = []
+    for name, path in all_modules().items():
+        lines = path.read_text().count("\n")
+        if lines > LONG and "One file, though long:" not in (ast.get_docstring(ast.parse(path.read_text())) or ""):
+            unexplained.append(f"{path.relative_to(REPO)}: {lines} lines ({name}), and its docstring does not say why")
+    assert not unexplained, "\n".join(unexplained)

@@ -15,6 +15,9 @@ Registration is ``Runtime.RegisterPlugin`` on mux conn 2; containerd then calls
 ``Configure`` (answered with the plugin's event mask) and, for plugins that connected
 themselves, ``Synchronize``. Once that is done and the loop is idle, ``plugin.warm_up()``
 runs: a plugin registers first and loads what it needs after.
+
+One file, though long: the connection, registration and dispatch share one poll loop and its
+state, as containerd/nri's ``pkg/stub`` keeps them in one file.
 """
 
 from __future__ import annotations
