@@ -108,17 +108,22 @@ def test_imports_point_down(package: str) -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def test_no_module_level_import_cycles() -> None:
-    known = all_modules()
+def import_graph(known: dict[str, Path], *, module_level_only: bool) -> dict[str, set[str]]:
+    """Each of ``known``'s modules -> the modules of ``known`` it imports."""
     graph: dict[str, set[str]] = {}
     for name, path in known.items():
         edges = set()
-        for target, _line in imports(name, path, module_level_only=True):
+        for target, _line in imports(name, path, module_level_only=module_level_only):
             while target and target not in known:
                 target = target.rpartition(".")[0]
             if target and target != name:
                 edges.add(target)
         graph[name] = edges
+    return graph
+
+
+def test_no_module_level_import_cycles() -> None:
+    graph = import_graph(all_modules(), module_level_only=True)
     # A package's __init__ importing its own submodules is how packages expose them: not a cycle
     # unless a submodule imports the package back at module level.
     seen: dict[str, int] = {}
@@ -169,16 +174,7 @@ ACYCLIC = ("fetch", "containers", "localcluster", "bench", "mokka")
 
 @pytest.mark.parametrize("package", ACYCLIC)
 def test_no_import_cycle_between_files_of_a_package(package: str) -> None:
-    known = dict(modules(package))
-    graph: dict[str, set[str]] = {}
-    for name, path in known.items():
-        edges = set()
-        for target, _line in imports(name, path, module_level_only=False):
-            while target and target not in known:
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                edges.add(target)
-        graph[name] = edges
+    graph = import_graph(dict(modules(package)), module_level_only=False)
 
     def reaches(start: str, goal: str) -> list[str] | None:
         stack, seen = [[start]], {start}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from fetch.kube.binaries import Binaries
 
@@ -37,7 +37,9 @@ class Kit:
     nvidia_smi: Path
 
 
-class AddOn(Protocol):
+class AddOn:
+    """The base of every add-on: by default it needs nothing checked and fetches nothing."""
+
     def check(self, cache: Path) -> None:
         """Raise a one-line error when something it needs is not there."""
 
@@ -46,3 +48,4 @@ class AddOn(Protocol):
 
     def up(self, ctx: Context, kit: Kit) -> None:
         """Bring it up on the cluster; returns when it serves."""
+        raise NotImplementedError

@@ -18,7 +18,7 @@ from fetch import dcgm_exporter
 
 from ..errors import ClusterError
 from ..nodewatch import ready
-from .base import Kit
+from .base import AddOn, Kit
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -108,14 +108,8 @@ def metrics_path(pod: str) -> str:
     return f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}:{PORT}/proxy/metrics"
 
 
-class DcgmExporter:
+class DcgmExporter(AddOn):
     """The add-on: the image imported into every real node, the DaemonSet, a Ready pod per node."""
-
-    def check(self, cache: Path) -> None:
-        pass  # the exporter is looked for when its image is built (a missing one fails that step)
-
-    def fetch(self, cache: Path | None) -> None:
-        pass
 
     def up(self, ctx: Context, kit: Kit) -> None:
         from fetch import debcache

@@ -4,13 +4,12 @@ once every node advertises its profile's GPUs (or MIG devices) as allocatable.""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fetch.kube import versions
 
 from .. import gpustack
-from .base import Kit
+from .base import AddOn, Kit
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -18,16 +17,10 @@ if TYPE_CHECKING:
 __all__ = ["DevicePlugin"]
 
 
-class DevicePlugin:
+class DevicePlugin(AddOn):
     def __init__(self, device_list_strategy: str, mig_strategy: str) -> None:
         self.device_list_strategy = device_list_strategy
         self.mig_strategy = mig_strategy
-
-    def check(self, cache: Path) -> None:
-        pass
-
-    def fetch(self, cache: Path | None) -> None:
-        pass  # built with Kubernetes (fetch.kube.binaries)
 
     def up(self, ctx: Context, kit: Kit) -> None:
         with ctx.step(f"NVIDIA device plugin {versions.DEVICE_PLUGIN} ({self.device_list_strategy})"):

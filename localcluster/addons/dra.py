@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from fetch import kubelet_api
 
 from .. import gpustack
-from .base import Kit
+from .base import AddOn, Kit
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -18,10 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["MokkaDra"]
 
 
-class MokkaDra:
-    def check(self, cache: Path) -> None:
-        pass
-
+class MokkaDra(AddOn):
     def fetch(self, cache: Path | None) -> None:
         kubelet_api.generate(cache=cache)  # the kubelet plugin API bindings `mokka dra-plugin` speaks
 

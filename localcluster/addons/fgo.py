@@ -34,7 +34,7 @@ from ..errors import api_errors
 from ..nodewatch import NodeWatch, ready
 from ..processes import READY_TIMEOUT
 from . import virtual
-from .base import Kit
+from .base import AddOn, Kit
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -172,7 +172,7 @@ def env(kubeconfig: Path) -> dict[str, str]:
     }
 
 
-class Fgo:
+class Fgo(AddOn):
     """The add-on: FGO's pools of KWOK nodes (KWOK is started by the virtual pools' add-on)."""
 
     def __init__(self, specs: list[FgoSpec], mig_strategy: str) -> None:
@@ -181,9 +181,6 @@ class Fgo:
 
     def check(self, cache: Path) -> None:
         find_binaries(cache)
-
-    def fetch(self, cache: Path | None) -> None:
-        pass
 
     def up(self, ctx: Context, kit: Kit) -> None:
         from fetch import debcache

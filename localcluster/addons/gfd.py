@@ -4,13 +4,12 @@ does every minute."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fetch.kube import binaries
 
 from ..errors import ClusterError
-from .base import Kit
+from .base import AddOn, Kit
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -18,15 +17,9 @@ if TYPE_CHECKING:
 __all__ = ["Gfd", "relabel"]
 
 
-class Gfd:
+class Gfd(AddOn):
     def __init__(self, mig_strategy: str) -> None:
         self.mig_strategy = mig_strategy
-
-    def check(self, cache: Path) -> None:
-        pass
-
-    def fetch(self, cache: Path | None) -> None:
-        pass  # built with Kubernetes (fetch.kube.binaries)
 
     def up(self, ctx: Context, kit: Kit) -> None:
         with ctx.step("GPU Feature Discovery (one-shot): node labels"):

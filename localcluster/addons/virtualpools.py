@@ -22,7 +22,7 @@ from ..node import run_gfd
 from ..nodewatch import NodeWatch, ready
 from ..processes import READY_TIMEOUT
 from . import virtual
-from .base import Kit
+from .base import AddOn, Kit
 from .virtual import Pool, VirtualSpec
 
 if TYPE_CHECKING:
@@ -31,19 +31,13 @@ if TYPE_CHECKING:
 __all__ = ["VirtualPools", "apply_fault", "build", "create", "fault", "find", "pool_status", "pools", "watch"]
 
 
-class VirtualPools:
+class VirtualPools(AddOn):
     """The add-on: the pools computed, then KWOK (also for FGO's nodes) and every pool's nodes."""
 
     def __init__(self, specs: tuple[VirtualSpec, ...], mig_strategy: str, dra: bool) -> None:
         self.specs = specs
         self.mig_strategy = mig_strategy
         self.dra = dra
-
-    def check(self, cache: Path) -> None:
-        pass
-
-    def fetch(self, cache: Path | None) -> None:
-        pass  # KWOK is built with Kubernetes (fetch.kube.binaries)
 
     def up(self, ctx: Context, kit: Kit) -> None:
         specs = self.specs

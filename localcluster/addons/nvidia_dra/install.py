@@ -15,7 +15,7 @@ from fetch.kube import versions
 
 from ...errors import ClusterError
 from ...nodewatch import ready
-from ..base import Kit
+from ..base import AddOn, Kit
 from . import (
     COMPONENT,
     COMPUTE_DOMAIN_DRIVER,
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["NvidiaDra", "install"]
 
 
-class NvidiaDra:
+class NvidiaDra(AddOn):
     def __init__(self) -> None:
         self.helm: Path | None = None
 
