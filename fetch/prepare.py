@@ -160,7 +160,7 @@ ITEMS: tuple[Item, ...] = (
         tests=True,
     ),
     Item(
-        "Kubernetes, NVIDIA's device plugin and GFD, CoreDNS, KWOK (Go), etcd and CNI plugins (Debian)",
+        "Kubernetes, NVIDIA's device plugin and GFD, CoreDNS, KWOK, NFD (Go), etcd and CNI plugins (Debian)",
         "`mokka cluster` and the cluster tests (cold: about 18 CPU-minutes of Go builds)",
         lambda cache: kube_binaries.cached(cache) is not None,
         lambda cache: kube_binaries.ensure(cache).kubernetes,

@@ -150,6 +150,20 @@ def nfd_feature_file(profile: Profile) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_nfd_feature_file(directory: Path, profile: Profile) -> Path:
+    """Mokka's feature file (:func:`nfd_feature_file`) in NFD's ``features.d`` ``directory``,
+    replaced whole (NFD never reads a half-written file); unchanged when it says the same."""
+    path = directory / NFD_FILE_NAME
+    text = nfd_feature_file(profile)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not (path.exists() and path.read_text() == text):
+            atomic.write(path, text.encode(), 0o644)
+    except OSError as exc:
+        raise NodeInfoError(f"{path}: cannot write the NFD feature file: {exc.strerror or exc}") from None
+    return path
+
+
 # --------------------------------------------------------------------------- pure: FGO
 
 
@@ -464,7 +478,7 @@ class NodeIdentity:
 
         self._update(change)
         if self.nfd_dir is not None:
-            self._write_features(nfd_feature_file(profile))
+            write_nfd_feature_file(self.nfd_dir, profile)
         return wanted
 
     def remove(self) -> list[str]:
@@ -493,17 +507,6 @@ class NodeIdentity:
             if path.exists():
                 path.unlink()
         return sorted(restored)
-
-    def _write_features(self, text: str) -> None:
-        assert self.nfd_dir is not None
-        path = self.nfd_dir / NFD_FILE_NAME
-        try:
-            self.nfd_dir.mkdir(parents=True, exist_ok=True)
-            if path.exists() and path.read_text() == text:
-                return
-            atomic.write(path, text.encode(), 0o644)  # NFD must never read a half-written file
-        except OSError as exc:
-            raise NodeInfoError(f"{path}: cannot write the NFD feature file: {exc.strerror or exc}") from None
 
 
 def _describe(exc: Exception) -> str:

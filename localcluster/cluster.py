@@ -41,6 +41,7 @@ from .addons.base import AddOn, Kit
 from .addons.device_plugin import DevicePlugin
 from .addons.dra import MokkaDra
 from .addons.fgo import FgoSpec
+from .addons.nfd import Nfd
 from .addons.nvidia_dra import GPU_DRIVER, NvidiaDraUnavailable
 from .addons.nvidia_dra.install import NvidiaDra
 from .addons.virtual import Pool, VirtualSpec, check_total
@@ -74,6 +75,7 @@ class Options:
     virtual: tuple[VirtualSpec, ...] = ()  # pools of KWOK nodes carrying a real node's surface (addons.virtual)
     fgo: tuple[FgoSpec, ...] = ()  # pools of KWOK nodes run:ai's fake-gpu-operator serves (addons.fgo)
     dcgm_exporter: bool = False  # NVIDIA's dcgm-exporter as a DaemonSet on the mock libdcgm (addons.dcgm)
+    nfd: bool = False  # Node Feature Discovery's master and workers label the nodes (addons.nfd)
 
     def specs(self) -> tuple[NodeSpec, ...]:
         return self.nodes or (NodeSpec(self.profile, self.gpus),)
@@ -81,6 +83,8 @@ class Options:
     def addons(self) -> list[AddOn]:
         """The add-ons these options ask for, in the order they come up."""
         chosen: list[AddOn] = []
+        if self.nfd or self.allocator == "nvidia-dra":  # NVIDIA's chart places its plugins by NFD's labels
+            chosen.append(Nfd())
         if self.allocator == "device-plugin":
             chosen.append(DevicePlugin(self.device_list_strategy, self.mig_strategy))
         elif self.allocator == "dra":

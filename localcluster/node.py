@@ -118,6 +118,10 @@ class Node:
         items = [i for i in found.get("items", []) if driver is None or i.get("spec", {}).get("driver") == driver]
         return sum(len(item.get("spec", {}).get("devices", [])) for item in items)
 
+    def labels(self) -> dict[str, str]:
+        """The node's labels as the API server has them (none while it is unreachable)."""
+        return dict((self.api_node() or {}).get("metadata", {}).get("labels") or {})
+
     def label(self, labels: Mapping[str, str]) -> None:
         self.ctx.apiserver.patch(f"/api/v1/nodes/{self.name}", {"metadata": {"labels": dict(labels)}})
 

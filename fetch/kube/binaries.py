@@ -78,7 +78,23 @@ KWOK = gobuild.GoBuild(
     files=KWOK_STAGES,
 )
 
-GO_BUILDS = (KUBERNETES, DEVICE_PLUGIN, COREDNS, KWOK)
+# Node Feature Discovery's master and worker (the labels the GPU Operator and NVIDIA's DRA chart
+# select GPU nodes by), with NFD's CRDs from its module. Built as a host's NFD: it reads the node's
+# own /sys and /etc (the image NFD publishes reads them under /host-, where its pods mount them).
+NFD = gobuild.GoBuild(
+    name="node-feature-discovery",
+    module="sigs.k8s.io/node-feature-discovery",
+    version=versions.NFD,
+    commands=(
+        "sigs.k8s.io/node-feature-discovery/cmd/nfd-master",
+        "sigs.k8s.io/node-feature-discovery/cmd/nfd-worker",
+    ),
+    ldflags=(f"-X sigs.k8s.io/node-feature-discovery/pkg/version.version={versions.NFD}",),
+    files=("deployment/base/nfd-crds/nfd-api-crds.yaml",),
+    requires=(("sigs.k8s.io/node-feature-discovery/api/nfd", versions.NFD),),
+)
+
+GO_BUILDS = (KUBERNETES, DEVICE_PLUGIN, COREDNS, KWOK, NFD)
 CNI_DIR = "usr/lib/cni"
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 
@@ -91,11 +107,12 @@ class Binaries:
     device_plugin: Path  # nvidia-device-plugin, gpu-feature-discovery, nvidia-cdi-hook, nvidia-ctk
     coredns: Path
     kwok: Path
+    nfd: Path  # nfd-master, nfd-worker, nfd-api-crds.yaml
     etcd: Path
     cni: Path  # directory of the CNI plugins (bridge, host-local, loopback)
 
     def __getitem__(self, name: str) -> Path:
-        for d in (self.kubernetes, self.device_plugin, self.coredns, self.kwok):
+        for d in (self.kubernetes, self.device_plugin, self.coredns, self.kwok, self.nfd):
             if (d / name).is_file():
                 return d / name
         if name == "etcd":
@@ -125,9 +142,9 @@ def cached(cache: Path | None = None) -> Binaries | None:
     cnis = sorted(d for d in (cache / "extract").glob(f"{versions.CNI_PACKAGE}_*/{CNI_DIR}") if (d / "bridge").exists())
     if None in dirs or not etcds or not cnis:
         return None
-    k8s, dp, dns, kwok = dirs
-    assert k8s is not None and dp is not None and dns is not None and kwok is not None
-    return Binaries(k8s, dp, dns, kwok, etcds[-1], cnis[-1])
+    k8s, dp, dns, kwok, nfd = dirs
+    assert k8s is not None and dp is not None and dns is not None and kwok is not None and nfd is not None
+    return Binaries(k8s, dp, dns, kwok, nfd, etcds[-1], cnis[-1])
 
 
 def ensure(cache: Path | None = None, progress: gobuild.Progress = gobuild.stderr_progress) -> Binaries:
@@ -137,6 +154,7 @@ def ensure(cache: Path | None = None, progress: gobuild.Progress = gobuild.stder
         device_plugin=gobuild.build(DEVICE_PLUGIN, cache, progress),
         coredns=gobuild.build(COREDNS, cache, progress),
         kwok=gobuild.build(KWOK, cache, progress),
+        nfd=gobuild.build(NFD, cache, progress),
         etcd=etcd(cache),
         cni=cni_plugins(cache),
     )

@@ -46,7 +46,9 @@ class GoBuild:
     modules of this version instead (Kubernetes). ``cgo``: the commands need cgo (go-nvml's dlopen).
     ``go``: the Go version the module's go.mod asks for (a toolchain at least that new builds it).
     ``files``: paths inside the module copied beside the binaries (the configuration a program
-    ships in its module, e.g. KWOK's stages), each under its base name.
+    ships in its module, e.g. KWOK's stages), each under its base name. ``requires``: modules the
+    wrapper requires at these versions besides ``module`` (one the module replaces with a local
+    directory, which a dependency's replace cannot do: NFD's ``api/nfd``).
     """
 
     name: str
@@ -61,6 +63,7 @@ class GoBuild:
     links: tuple[str, ...] = ()
     go: tuple[int, int] = versions.GO_MINIMUM
     files: tuple[str, ...] = ()
+    requires: tuple[tuple[str, str], ...] = ()
 
     @property
     def binaries(self) -> tuple[str, ...]:
@@ -81,6 +84,8 @@ class GoBuild:
         ]
         if self.go != versions.GO_MINIMUM or self.files:  # keys of the builds before these fields stay
             asked += [self.go, self.files]
+        if self.requires:
+            asked.append(self.requires)
         desc = json.dumps(asked)
         return f"{self.name}-{self.version}-{hashlib.sha256(desc.encode()).hexdigest()[:10]}"
 
@@ -146,6 +151,7 @@ def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
         go_version = ".".join(map(str, spec.go))
         (src / "go.mod").write_text(
             f"module mokka.local/build/{spec.name}\n\ngo {go_version}\n\nrequire {spec.module} {spec.version}\n"
+            + "".join(f"require {module} {version}\n" for module, version in spec.requires)
         )
         if spec.staging_version:
             step = _step(progress, spec, f"downloading {spec.module}@{spec.version}")

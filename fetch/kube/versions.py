@@ -18,3 +18,6 @@ CNI_SUITE = "bookworm"
 CNI_PACKAGE = "containernetworking-plugins"
 # Virtual nodes (Node objects kept alive against the API server); its go.mod asks for Go 1.26.
 KWOK = "v0.8.0"
+# Node Feature Discovery: the release the GPU Operator v25.3 chart deploys (its subchart); as a main
+# module it fails on its ``replace ./api/nfd``, through a wrapper module its api/nfd is served.
+NFD = "v0.17.3"

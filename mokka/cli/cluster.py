@@ -163,6 +163,13 @@ def node_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., 
     "--kubernetes: a pod's GPUs carry its pod/namespace labels. The binary comes from $MOKKA_DCGM_DIR "
     "(dcgm-exporter or dcgm-exporter.xz, and default-counters.csv).",
 )
+@click.option(
+    "--nfd",
+    is_flag=True,
+    help="Run Node Feature Discovery (its nfd-master, an nfd-worker per node): NFD labels each node, its GPUs' "
+    "feature.node.kubernetes.io/pci-10de.present from the feature file Mokka writes. Always on with "
+    "--allocator nvidia-dra (its chart places its plugins by those labels).",
+)
 @virtual_option
 @fgo_option
 @click.option("--keep-on-failure", is_flag=True, help="Leave a cluster that failed to come up running, for its logs.")
@@ -178,6 +185,7 @@ def up_cmd(
     mig_strategy: str,
     fabric_delay: float,
     dcgm_exporter: bool,
+    nfd: bool,
     keep_on_failure: bool,
 ) -> None:
     """Start the cluster; prints `export KUBECONFIG=...` on stdout, one progress line per step on stderr."""
@@ -200,6 +208,7 @@ def up_cmd(
         virtual=virtual,
         fgo=fgo_pools,
         dcgm_exporter=dcgm_exporter,
+        nfd=nfd,
         keep_on_failure=keep_on_failure,
     )
     t0 = time.monotonic()

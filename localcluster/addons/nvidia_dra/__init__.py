@@ -15,7 +15,7 @@ What the mock node gives the chart (:func:`values`): every node's driver root at
 :data:`DRIVER_ROOT` (the staged node is at /var/lib/mokka in each node's namespace, where Mokka's
 chart stages it on a real node; its ``driver`` holds ``usr``, ``dev`` and ``proc``, as a driver
 container's root does), its ``/proc/devices`` as ``altProcDevices`` (never the host's), and NFD's
-PCI labels on the node (:func:`nfd_labels`), which the chart's node affinity asks for. The cluster
+PCI labels on the node (NFD itself runs: :mod:`..nfd`), which the chart's node affinity asks for. The cluster
 runs no device plugin beside it, which the chart wants said (``gpuResourcesEnabledOverride``).
 
 NVIDIA's binaries and chart come from its repository (no registry serves them):
@@ -33,8 +33,6 @@ from typing import Any
 import yaml
 
 from fetch import thirdparty
-from gpumodel.profile import Profile
-from k8snode import nodeinfo
 
 from ...layout import MOKKA_ROOT
 from . import image
@@ -103,12 +101,6 @@ def render(helm: Path, chart: Path, kube_version: str, out: Path) -> str:
         why = " ".join(res.stderr.split())[:400]
         raise NvidiaDraUnavailable(f"helm template {chart}: {why}")
     return res.stdout
-
-
-def nfd_labels(profile: Profile) -> dict[str, str]:
-    """The labels Node Feature Discovery puts on a node with these GPUs (its PCI features), which
-    NVIDIA's chart places its kubelet plugins by."""
-    return {f"feature.node.kubernetes.io/{key}": value for key, value in nodeinfo.nfd_features(profile).items()}
 
 
 def namespace() -> dict[str, Any]:

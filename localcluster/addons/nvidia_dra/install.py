@@ -25,7 +25,6 @@ from . import (
     find,
     image,
     namespace,
-    nfd_labels,
     render,
 )
 
@@ -46,12 +45,10 @@ class NvidiaDra(AddOn):
         self.helm = gotool.build(tools.HELM, cache) / "helm"  # renders NVIDIA's chart
 
     def up(self, ctx: Context, kit: Kit) -> None:
-        """NFD's PCI labels on the nodes (its kubelet plugins' node affinity; Mokka's chart sets
-        ``nvidia.com/gpu.present`` instead), then NVIDIA's driver."""
+        """NVIDIA's driver, on nodes NFD has labelled (:mod:`..nfd` comes first: the chart's node
+        affinity asks for NFD's PCI labels)."""
         assert self.helm is not None, "fetch comes first"
         with ctx.step("NVIDIA's DRA driver: its chart, the kubelet plugins on every node, the controller"):
-            for n in ctx.nodes:
-                n.label(nfd_labels(ctx.profiles[n.name]))
             install(ctx, kit.bins["nvidia-cdi-hook"], self.helm, ctx.cache or debcache.default_cache())
 
 
