@@ -4,7 +4,6 @@ configuration files, the CNI network. Pure functions of the cluster's :class:`La
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +92,7 @@ def apiserver_argv(binary: Path, layout: Layout, ports: Ports) -> list[str]:
 
 def controller_manager_argv(binary: Path, layout: Layout, virtual_nodes: bool = False) -> list[str]:
     """With ``virtual_nodes`` the node controller waits :data:`VIRTUAL_NODE_GRACE` for a node's lease
-    (KWOK renews thousands of them, every :data:`KWOK_LEASE_SECONDS` / 4)."""
+    (KWOK renews thousands of them)."""
     pki = Pki(layout.pki)
     grace = [f"--node-monitor-grace-period={VIRTUAL_NODE_GRACE}"] if virtual_nodes else []
     kubeconfig = layout.kubeconfigs / "controller-manager.conf"
@@ -121,57 +120,9 @@ def controller_manager_argv(binary: Path, layout: Layout, virtual_nodes: bool = 
 # Client rate limits of the controllers and the scheduler: the defaults (20 and 50 requests a
 # second) would make a 1000-replica Deployment over virtual nodes take a minute.
 API_QPS = ("--kube-api-qps=500", "--kube-api-burst=1000")
-# Where KWOK's pods get addresses (no network behind them): apart from every pod subnet here.
-KWOK_POD_CIDR = "100.64.0.0/12"
-# KWOK renews a node's lease every quarter of its duration: every 120 s, so 5000 virtual nodes cost
-# about 40 writes a second (the kubelet's 40 s lease, renewed every 10 s, would be 500: more than two
-# cores serve beside everything else, and nodes would flap NotReady). The node controller of a
-# cluster with virtual nodes waits 3 minutes for a lease instead of 50 s (real nodes too).
-KWOK_LEASE_SECONDS = 480
+# The node controller of a cluster with virtual nodes waits 3 minutes for a node's lease instead of
+# 50 s (real nodes too): KWOK renews theirs every 120 s (:data:`.addons.kwok.LEASE_SECONDS` / 4).
 VIRTUAL_NODE_GRACE = "3m"
-
-
-# KWOK's workers. Its node workers (4 by default) are 16: a thousand nodes' stages and leases are
-# played sooner; its pod workers stay 4 (more take the CPU the scheduler needs). A configuration
-# file's options are not defaulted, so each is given.
-KWOK_WORKERS = {
-    "nodePlayStageParallelism": 16,
-    "nodeLeaseParallelism": 16,
-    "podPlayStageParallelism": 4,
-    "podsOnNodeSyncParallelism": 1,
-}
-
-
-def kwok_configuration() -> dict[str, Any]:
-    """KWOK's own configuration object (its workers; the rest its defaults)."""
-    return {
-        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
-        "kind": "KwokConfiguration",
-        "options": dict(KWOK_WORKERS),
-    }
-
-
-def write_kwok_configuration(layout: Layout) -> Path:
-    path = layout.base / "kwok.yaml"
-    path.write_text(yaml.safe_dump(kwok_configuration(), sort_keys=False))
-    return path
-
-
-def kwok_argv(bindir: Path, layout: Layout, stages: Sequence[str]) -> list[str]:
-    """KWOK for the nodes annotated ``kwok.x-k8s.io/node=fake`` only (never a kubelet's), with its
-    module's own stages (in ``bindir`` beside the binary) and :func:`kwok_configuration`; warnings
-    only in its log (it logs every patch and lease otherwise)."""
-    return [
-        str(bindir / "kwok"),
-        f"--kubeconfig={layout.admin_kubeconfig}",
-        "--v=WARN",
-        f"--config={layout.base / 'kwok.yaml'}",
-        "--manage-all-nodes=false",
-        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-        f"--node-lease-duration-seconds={KWOK_LEASE_SECONDS}",
-        f"--cidr={KWOK_POD_CIDR}",
-        *(f"--config={bindir / Path(stage).name}" for stage in stages),
-    ]
 
 
 def scheduler_argv(binary: Path, layout: Layout) -> list[str]:

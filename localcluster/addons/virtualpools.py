@@ -1,6 +1,6 @@
 """The cluster's virtual pools (:mod:`.virtual`) against its API server: each pool computed once
 from its staged profile, its nodes (and their ResourceSlices) created, counted, kept in step
-with faults, and summarised for ``status``. KWOK (:func:`localcluster.config.kwok_argv`), which
+with faults, and summarised for ``status``. KWOK (:mod:`.kwok`), which
 :class:`VirtualPools` starts, does the rest.
 """
 
@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 from fetch.kube import binaries, versions
 from gpumodel import fleet, nodelayout
 
-from .. import config, gpustack
+from .. import gpustack
 from ..errors import ClusterError, api_errors
 from ..node import run_gfd
 from ..nodewatch import NodeWatch, ready
 from ..processes import READY_TIMEOUT
-from . import virtual
+from . import kwok, virtual
 from .base import AddOn, Kit
 from .virtual import Pool, VirtualSpec
 
@@ -50,8 +50,8 @@ class VirtualPools(AddOn):
                 ctx.save()
         total = sum(p.count for p in made)
         with ctx.step(f"KWOK {versions.KWOK}: {total} virtual node(s) Ready with their GPUs"):
-            config.write_kwok_configuration(ctx.layout)
-            argv = config.kwok_argv(kit.bins.kwok, ctx.layout, binaries.KWOK_STAGES)
+            kwok.write_configuration(ctx.layout)
+            argv = kwok.argv(kit.bins.kwok, ctx.layout, binaries.KWOK_STAGES)
             ctx.processes.spawn(ctx.processes.holder, "kwok", argv, ctx.layout.logs / "kwok.log")
             t0 = time.monotonic()
             with api_errors("virtual nodes"):
