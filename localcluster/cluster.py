@@ -80,10 +80,15 @@ class Options:
     def specs(self) -> tuple[NodeSpec, ...]:
         return self.nodes or (NodeSpec(self.profile, self.gpus),)
 
+    @property
+    def runs_nfd(self) -> bool:
+        """NFD labels the nodes: asked for, or NVIDIA's DRA chart places its plugins by its labels."""
+        return self.nfd or self.allocator == "nvidia-dra"
+
     def addons(self) -> list[AddOn]:
         """The add-ons these options ask for, in the order they come up."""
         chosen: list[AddOn] = []
-        if self.nfd or self.allocator == "nvidia-dra":  # NVIDIA's chart places its plugins by NFD's labels
+        if self.runs_nfd:
             chosen.append(Nfd())
         if self.allocator == "device-plugin":
             chosen.append(DevicePlugin(self.device_list_strategy, self.mig_strategy))
@@ -95,7 +100,8 @@ class Options:
         if self.dcgm_exporter:
             chosen.append(dcgm.DcgmExporter())
         if self.virtual or self.fgo:  # KWOK runs the nodes of both
-            chosen.append(VirtualPools(self.virtual, self.mig_strategy, dra=self.allocator == "dra"))
+            dra = self.allocator == "dra"
+            chosen.append(VirtualPools(self.virtual, self.mig_strategy, dra=dra, nfd=self.runs_nfd))
         if self.fgo:
             chosen.append(fgo.Fgo(list(self.fgo), self.mig_strategy))
         return chosen

@@ -15,6 +15,7 @@ from cluster_fixtures import start_cluster
 
 from k8snode import nodeinfo
 from localcluster.addons import nfd
+from localcluster.addons.virtual import VIRTUAL_LABEL, VirtualSpec
 from localcluster.cluster import Cluster
 from localcluster.nodespec import NodeSpec
 
@@ -24,7 +25,8 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     nodes = (NodeSpec("h100", 1), NodeSpec("l40s", 1))
-    with start_cluster(tmp_path_factory.mktemp("nfd-cluster"), nodes=nodes, nfd=True) as c:
+    virtual = (VirtualSpec.parse("h100:1=2"),)
+    with start_cluster(tmp_path_factory.mktemp("nfd-cluster"), nodes=nodes, virtual=virtual, nfd=True) as c:
         yield c
 
 
@@ -78,6 +80,18 @@ def test_the_feature_file_is_the_one_mokka_writes(cluster: Cluster) -> None:
         features = n.layout.ns / "etc-kubernetes" / str(nodeinfo.NFD_FEATURES_DIR.relative_to("/etc/kubernetes"))
         written = (features / nodeinfo.NFD_FILE_NAME).read_text()
         assert written == nodeinfo.nfd_feature_file(cluster.profiles[n.name])
+
+
+def test_virtual_nodes_carry_the_pci_labels_nfd_gives_a_real_node_of_their_profile(cluster: Cluster) -> None:
+    """A virtual H100 node has no NFD worker, but carries what NFD put on the real H100 node from
+    Mokka's feature file: one node model, whoever made the node."""
+    real = {k: v for k, v in cluster.node("h100-0").labels().items() if k.startswith("feature.node.kubernetes.io/pci-")}
+    assert real
+    found = cluster.get(f"/api/v1/nodes?labelSelector={VIRTUAL_LABEL}=true")["items"]
+    assert len(found) == 2
+    for item in found:
+        labels = item["metadata"]["labels"]
+        assert real.items() <= labels.items(), item["metadata"]["name"]
 
 
 def test_status_lists_nfd(cluster: Cluster) -> None:

@@ -21,7 +21,7 @@ from ..errors import ClusterError, api_errors
 from ..node import run_gfd
 from ..nodewatch import NodeWatch, ready
 from ..processes import READY_TIMEOUT
-from . import kwok, virtual
+from . import kwok, nfd, virtual
 from .base import AddOn, Kit
 from .virtual import Pool, VirtualSpec
 
@@ -34,10 +34,11 @@ __all__ = ["VirtualPools", "apply_fault", "build", "create", "fault", "find", "p
 class VirtualPools(AddOn):
     """The add-on: the pools computed, then KWOK (also for FGO's nodes) and every pool's nodes."""
 
-    def __init__(self, specs: tuple[VirtualSpec, ...], mig_strategy: str, dra: bool) -> None:
+    def __init__(self, specs: tuple[VirtualSpec, ...], mig_strategy: str, dra: bool, nfd: bool = False) -> None:
         self.specs = specs
         self.mig_strategy = mig_strategy
         self.dra = dra
+        self.nfd = nfd  # the cluster runs NFD: its nodes carry NFD's PCI labels, the virtual ones too
 
     def up(self, ctx: Context, kit: Kit) -> None:
         specs = self.specs
@@ -45,7 +46,7 @@ class VirtualPools(AddOn):
         if specs:
             with ctx.step(f"virtual pools computed ({', '.join(map(str, specs))}): GFD's labels, GPUs"):
                 gfd = kit.bins["gpu-feature-discovery"]
-                made = [build(ctx, s, gfd, kit.nvidia_smi, self.mig_strategy) for s in specs]
+                made = [build(ctx, s, gfd, kit.nvidia_smi, self.mig_strategy, self.nfd) for s in specs]
                 ctx.state.virtual = [p.to_json() for p in made]
                 ctx.save()
         total = sum(p.count for p in made)
@@ -80,9 +81,14 @@ def fault(ctx: Context, node: str, gpus: Sequence[int], reason: str | None) -> l
     return notes
 
 
-def build(ctx: Context, spec: VirtualSpec, gfd: Path, nvidia_smi: Path, mig_strategy: str) -> Pool:
+def build(
+    ctx: Context, spec: VirtualSpec, gfd: Path, nvidia_smi: Path, mig_strategy: str, with_nfd: bool = False
+) -> Pool:
     """Pool ``spec``: its profile staged as a mock node in a mount namespace of its own, labelled
-    by GFD (one-shot) and read through NVML as the DRA plugin reads a node; then unstaged."""
+    by GFD (one-shot) and read through NVML as the DRA plugin reads a node; then unstaged. With
+    ``with_nfd`` its nodes also carry the PCI labels NFD gives a real node of the profile from
+    Mokka's feature file (:func:`.nfd.labels`; NFD's host-specific labels, CPU and kernel, are a
+    real host's and not modelled)."""
     from k8snode.dra import gpus as dra_gpus
     from k8snode.dra import resources
 
@@ -117,7 +123,7 @@ def build(ctx: Context, spec: VirtualSpec, gfd: Path, nvidia_smi: Path, mig_stra
         product=prof.gpu.name,
         gpus=prof.gpu_count,
         count=spec.count,
-        labels=labels,
+        labels={**labels, **(nfd.labels(prof) if with_nfd else {})},
         per_gpu=gpustack.allocatable_by_gpu(prof, mig_strategy),
         devices=[resources.device(g, info) for g in info.gpus],
         racked=racked,
