@@ -109,9 +109,18 @@ def _json(value: Any) -> bytes:
 
 
 def oci_archive(
-    rootfs: Path, out: Path, name: str, *, cmd: Sequence[str] = ("/bin/sh",), env: Sequence[str] = (PATH_ENV,)
+    rootfs: Path,
+    out: Path,
+    name: str,
+    *,
+    cmd: Sequence[str] = ("/bin/sh",),
+    env: Sequence[str] = (PATH_ENV,),
+    entrypoint: Sequence[str] = (),
+    user: str = "",
 ) -> Path:
-    """Write ``rootfs`` as a one-layer OCI image-layout tarball ``out`` named ``name``.
+    """Write ``rootfs`` as a one-layer OCI image-layout tarball ``out`` named ``name``
+    (``entrypoint``: the image's, which a pod's ``args`` follow; ``cmd``: its default arguments;
+    ``user``: who its processes run as, ``UID[:GID]``, root by default).
 
     The index carries ``io.containerd.image.name`` so ``ctr images import`` registers ``name``.
     """
@@ -119,7 +128,13 @@ def oci_archive(
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Env": list(env), "Cmd": list(cmd), "WorkingDir": "/"},
+        "config": {
+            "Env": list(env),
+            "Cmd": list(cmd),
+            "WorkingDir": "/",
+            **({"Entrypoint": list(entrypoint)} if entrypoint else {}),
+            **({"User": user} if user else {}),
+        },
         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
         "history": [{"created_by": "containers.images.oci_archive", "comment": str(rootfs)}],
     }

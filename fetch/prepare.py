@@ -24,6 +24,8 @@ from fetch import busybox, cdi_schema, containerd_dist, debcache, gotool, kubele
 from fetch import cri_bindings as bindings
 from fetch.kube import binaries as kube_binaries
 from fetch.kube import gobuild as kube_gobuild
+from fetch.kube import gpu_operator
+from fetch.kube import versions as kube_versions
 from fetch.progress import Progress
 from fetch.versions import GoBuild
 
@@ -166,6 +168,14 @@ ITEMS: tuple[Item, ...] = (
         lambda cache: kube_binaries.ensure(cache).kubernetes,
         tests=True,
     ),
+    Item(
+        f"NVIDIA's GPU Operator {kube_versions.GPU_OPERATOR_RELEASE} (operator, validator, chart) and NFD's image "
+        "build (Go)",
+        "`mokka cluster up --gpu-operator` and its tests",
+        lambda cache: gpu_operator.cached(cache) is not None,
+        lambda cache: gpu_operator.ensure(cache).operator,
+        tests=True,
+    ),
 )
 
 
@@ -200,7 +210,7 @@ def prepare(*, tests: bool = False, cache: Path | None = None) -> None:
                 note("Debian's Go toolchain removed (its .debs stay)")
             if stale := gotool.prune(list(GO_BUILDS), cache):
                 note("removed stale Go builds and caches: " + ", ".join(stale))
-            if stale := kube_gobuild.prune(kube_binaries.GO_BUILDS, cache):
+            if stale := kube_gobuild.prune((*kube_binaries.GO_BUILDS, *gpu_operator.GO_BUILDS), cache):
                 note("removed stale cluster builds: " + ", ".join(stale))
         sizes = {d.name: _size(d) for d in sorted(cache.iterdir()) if d.is_dir()}
         note(

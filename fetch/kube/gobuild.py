@@ -46,7 +46,8 @@ class GoBuild:
     modules of this version instead (Kubernetes). ``cgo``: the commands need cgo (go-nvml's dlopen).
     ``go``: the Go version the module's go.mod asks for (a toolchain at least that new builds it).
     ``files``: paths inside the module copied beside the binaries (the configuration a program
-    ships in its module, e.g. KWOK's stages), each under its base name. ``requires``: modules the
+    ships in its module, e.g. KWOK's stages; a directory is copied whole: the GPU Operator's chart
+    and assets), each under its base name, or ``(path, name)`` under ``name``. ``requires``: modules the
     wrapper requires at these versions besides ``module`` (one the module replaces with a local
     directory, which a dependency's replace cannot do: NFD's ``api/nfd``).
     """
@@ -62,7 +63,7 @@ class GoBuild:
     main: Path | None = None
     links: tuple[str, ...] = ()
     go: tuple[int, int] = versions.GO_MINIMUM
-    files: tuple[str, ...] = ()
+    files: tuple[str | tuple[str, str], ...] = ()
     requires: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -97,8 +98,8 @@ def bin_root(cache: Path | None = None) -> Path:
 def cached(spec: GoBuild, cache: Path | None = None) -> Path | None:
     """The directory with ``spec``'s binaries when they are built already."""
     out = bin_root(cache) / spec.key()
-    wanted = [*spec.binaries, *(Path(f).name for f in spec.files)]
-    return out if all((out / b).is_file() for b in wanted) else None
+    wanted = [*spec.binaries, *(name for _path, name in _files(spec))]
+    return out if all((out / b).exists() for b in wanted) and (out / "build.json").is_file() else None
 
 
 def build(spec: GoBuild, cache: Path | None = None, progress: Progress = stderr_progress) -> Path:
@@ -181,8 +182,12 @@ def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
             (tmp_out / link).symlink_to(spec.name)
         if spec.files:
             module_dir = Path(json.loads(_go(go, ["list", "-m", "-json", spec.module], src, env))["Dir"])
-            for name in spec.files:
-                shutil.copyfile(module_dir / name, tmp_out / Path(name).name)
+            for path, name in _files(spec):
+                if (module_dir / path).is_dir():
+                    shutil.copytree(module_dir / path, tmp_out / name, copy_function=shutil.copyfile)
+                    _writable(tmp_out / name)  # the module cache's copies are read-only
+                else:
+                    shutil.copyfile(module_dir / path, tmp_out / name)
         step()
         sizes = {b: (tmp_out / b).stat().st_size for b in spec.binaries if not (tmp_out / b).is_symlink()}
         (tmp_out / "build.json").write_text(
@@ -240,6 +245,16 @@ def _step(progress: Progress, spec: GoBuild, what: str) -> Callable[[], None]:
     progress(f"{spec.name} {spec.version}: {what} ...")
     t0 = time.monotonic()
     return lambda: progress(f"{spec.name} {spec.version}: {what} done ({time.monotonic() - t0:.0f}s)")
+
+
+def _files(spec: GoBuild) -> list[tuple[str, str]]:
+    """(path in the module, name beside the binaries) of each of ``spec.files``."""
+    return [(f, Path(f).name) if isinstance(f, str) else f for f in spec.files]
+
+
+def _writable(tree: Path) -> None:
+    for dirpath, _dirs, _files in os.walk(tree):
+        os.chmod(dirpath, 0o755)
 
 
 def _remove_work(work: Path, go: str | None = None, env: dict[str, str] | None = None) -> None:

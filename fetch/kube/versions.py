@@ -21,3 +21,7 @@ KWOK = "v0.8.0"
 # Node Feature Discovery: the release the GPU Operator v25.3 chart deploys (its subchart); as a main
 # module it fails on its ``replace ./api/nfd``, through a wrapper module its api/nfd is served.
 NFD = "v0.17.3"
+# NVIDIA's GPU Operator: the v25.3.4 release branch as the Go module proxy serves it (no tag is
+# served); its module holds the operator, the validator, their assets and the Helm chart.
+GPU_OPERATOR = "v0.0.0-20250917190837-d73a0086a6ba"
+GPU_OPERATOR_RELEASE = "v25.3.4"
