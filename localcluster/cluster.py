@@ -41,6 +41,7 @@ from .addons.base import AddOn, Kit
 from .addons.device_plugin import DevicePlugin
 from .addons.dra import MokkaDra
 from .addons.fgo import FgoSpec
+from .addons.gpu_operator.install import GpuOperator
 from .addons.nfd import Nfd
 from .addons.nvidia_dra import GPU_DRIVER, NvidiaDraUnavailable
 from .addons.nvidia_dra.install import NvidiaDra
@@ -76,6 +77,7 @@ class Options:
     fgo: tuple[FgoSpec, ...] = ()  # pools of KWOK nodes run:ai's fake-gpu-operator serves (addons.fgo)
     dcgm_exporter: bool = False  # NVIDIA's dcgm-exporter as a DaemonSet on the mock libdcgm (addons.dcgm)
     nfd: bool = False  # Node Feature Discovery's master and workers label the nodes (addons.nfd)
+    gpu_operator: bool = False  # NVIDIA's GPU Operator from its chart deploys the GPU stack (addons.gpu_operator)
 
     def specs(self) -> tuple[NodeSpec, ...]:
         return self.nodes or (NodeSpec(self.profile, self.gpus),)
@@ -88,6 +90,8 @@ class Options:
     def addons(self) -> list[AddOn]:
         """The add-ons these options ask for, in the order they come up."""
         chosen: list[AddOn] = []
+        if self.gpu_operator:  # its chart brings NFD, the device plugin, GFD, dcgm-exporter
+            return [GpuOperator(self.mig_strategy)]
         if self.runs_nfd:
             chosen.append(Nfd())
         if self.allocator == "device-plugin":
@@ -399,6 +403,21 @@ class Cluster(Context):
 
 
 def _check_choices(options: Options) -> None:
+    if options.gpu_operator:
+        clash = {
+            "--allocator " + options.allocator: options.allocator != "device-plugin",
+            "--nfd": options.nfd,
+            "--dcgm-exporter": options.dcgm_exporter,
+            "--virtual": bool(options.virtual),
+            "--fgo": bool(options.fgo),
+            "--device-list-strategy " + options.device_list_strategy: options.device_list_strategy != "envvar",
+            "--no-nri-plugin": not options.nri_plugin,
+        }
+        if named := [flag for flag, on in clash.items() if on]:
+            raise ClusterError(
+                "--gpu-operator deploys NFD, NVIDIA's device plugin, GFD and dcgm-exporter itself: "
+                f"drop {', '.join(named)}"
+            )
     if options.allocator not in gpustack.ALLOCATORS:
         raise ClusterError(f"--allocator {options.allocator!r}: choose one of {', '.join(gpustack.ALLOCATORS)}")
     if options.mig_strategy not in gpustack.MIG_STRATEGIES:

@@ -10,6 +10,8 @@ from typing import Any
 import tomlkit
 import yaml
 
+from hostsetup.containerd.settings import RUNTIME_NAME
+
 from .layout import Layout, NodeLayout, NodePorts, Ports
 from .pki import Pki
 
@@ -226,10 +228,13 @@ def containerd_config(node: NodeLayout, runc: Path, cni_bin: Path) -> dict[str, 
                 "containerd": {
                     "default_runtime_name": "runc",
                     "runtimes": {
-                        "runc": {
+                        name: {
                             "runtime_type": "io.containerd.runc.v2",
                             "options": {"BinaryName": str(runc), "Root": str(c / "runc"), "SystemdCgroup": False},
                         }
+                        # ``nvidia``: the handler Mokka's host setup adds (RuntimeClass nvidia, which
+                        # the GPU Operator's pods name): plain runc, the NRI plugin giving the GPUs.
+                        for name in ("runc", RUNTIME_NAME)
                     },
                 },
                 "cni": {"bin_dirs": [str(cni_bin)], "conf_dir": str(node.cni / "conf")},

@@ -138,12 +138,12 @@ class Node:
     def start_namespace(self, host_sysctls: dict[str, str]) -> None:
         """The node's private mount namespace: its directories over kubelet's and containerd's host
         paths, private sysctl files, its GPUs' sysfs at the real /sys paths. With NVIDIA's DRA driver
-        the staged node is at /var/lib/mokka, where Mokka's chart stages it, so that NVIDIA's chart
-        takes the values it takes on a real cluster. The kubelet's directory and /var/lib/mokka are
+        or the GPU Operator the staged node is at /var/lib/mokka, where Mokka's chart stages it, so
+        that NVIDIA's charts take the values they take on a real cluster. The kubelet's directory and /var/lib/mokka are
         shared mounts, as on a systemd host: pods may mount them Bidirectional or HostToContainer
         (NVIDIA's kubelet plugins do), which containerd allows from shared mounts only."""
         layout = self.layout
-        staged_at_root = self.ctx.options.get("allocator") == "nvidia-dra"
+        staged_at_root = self.ctx.options.get("allocator") == "nvidia-dra" or bool(self.ctx.options.get("gpu_operator"))
         binds: list[list[str]] = []
         for host, private in config.PRIVATE_PATHS.items():
             d = layout.ns / private
@@ -156,7 +156,10 @@ class Node:
             f.write_text(host_sysctls[key] + "\n")
             binds.append([str(f), f"/proc/sys/{key}"])
         sys_binds, links = gpustack.namespace_entries(layout)
-        view = {"binds": binds + sys_binds, "links": links, "shared": ["/var/lib/kubelet", MOKKA_ROOT]}
+        # The GPU Operator's validator and operands mount the host's / with HostToContainer: the
+        # whole namespace shared, as systemd makes a host's.
+        shared = ["/"] if self.ctx.options.get("gpu_operator") else ["/var/lib/kubelet", MOKKA_ROOT]
+        view = {"binds": binds + sys_binds, "links": links, "shared": shared}
         self.record["namespace_inode"] = self.ctx.processes.start_holder(
             self.proc_name("namespace"), view, layout.ns, layout.logs
         )

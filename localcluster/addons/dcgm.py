@@ -37,8 +37,14 @@ class ExporterUnavailable(RuntimeError):
     """No dcgm-exporter binary or counters: the message says where they were looked for."""
 
 
-def build_image(out: Path, cache: Path) -> Path:
-    """The exporter's OCI archive under ``out``."""
+# Where the GPU Operator's DaemonSet points the exporter (DCGM_EXPORTER_COLLECTORS): the image
+# built for it carries the exporter's default counters there too.
+OPERATOR_COLLECTORS = "/etc/dcgm-exporter/dcp-metrics-included.csv"
+
+
+def build_image(out: Path, cache: Path, name: str = IMAGE, collectors: str | None = None) -> Path:
+    """The exporter's OCI archive under ``out``, named ``name``; the exporter is its entrypoint
+    (a pod's ``args`` follow it); ``collectors``: another path holding its default counters."""
     try:
         exe = dcgm_exporter.binary(cache / "dcgm-exporter")
     except dcgm_exporter.ExporterMissing as exc:
@@ -48,9 +54,13 @@ def build_image(out: Path, cache: Path) -> Path:
         raise ExporterUnavailable(f"no default-counters.csv beside the exporter (${dcgm_exporter.ENV_DIR})")
     root = oci.make_rootfs(out / "dcgm-exporter-rootfs", programs=[exe], cache=cache)
     shutil.copy2(exe, root / "usr/bin/dcgm-exporter")
-    (root / COUNTERS.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(counters, root / COUNTERS.lstrip("/"))
-    archive = oci.oci_archive(root, out / "dcgm-exporter.tar", IMAGE, cmd=["/usr/bin/dcgm-exporter"])
+    for path in (COUNTERS, collectors or COUNTERS):
+        (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(counters, root / path.lstrip("/"))
+    env = [oci.PATH_ENV, "NVIDIA_VISIBLE_DEVICES=all"]  # as NVIDIA's image: the runtime gives it the GPUs
+    archive = oci.oci_archive(
+        root, out / "dcgm-exporter.tar", name, cmd=[], entrypoint=["/usr/bin/dcgm-exporter"], env=env
+    )
     shutil.rmtree(root)
     return archive
 

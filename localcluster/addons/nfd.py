@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..context import Context
     from ..node import Node
 
-__all__ = ["FEATURES_DIR", "NAMESPACE", "Nfd", "labels"]
+__all__ = ["FEATURES_DIR", "NAMESPACE", "Nfd", "labels", "write_feature_file"]
 
 NAMESPACE = "node-feature-discovery"  # where the workers' NodeFeature objects live
 FEATURES_DIR = str(nodeinfo.NFD_FEATURES_DIR)  # NFD's default, in each node's namespace
@@ -37,6 +37,13 @@ QUIET_PORTS = ("-metrics=0", "-grpc-health=0")
 def labels(profile: Any) -> dict[str, str]:
     """The labels NFD puts on a node with these GPUs from Mokka's feature file."""
     return {nodeinfo.NFD_PREFIX + key: value for key, value in nodeinfo.nfd_features(profile).items()}
+
+
+def write_feature_file(ctx: Context, n: Node) -> None:
+    """Mokka's feature file in the node's ``features.d`` (its private /etc/kubernetes)."""
+    private = n.layout.ns / config.PRIVATE_PATHS["/etc/kubernetes"]
+    features = private / nodeinfo.NFD_FEATURES_DIR.relative_to("/etc/kubernetes")
+    nodeinfo.write_nfd_feature_file(features, ctx.profiles[n.name])
 
 
 class Nfd(AddOn):
@@ -54,9 +61,7 @@ class Nfd(AddOn):
             ctx.processes.spawn(ctx.processes.holder, "nfd-master", master, ctx.layout.logs / "nfd-master.log", first)
 
             def worker(n: Node) -> None:
-                private = n.layout.ns / config.PRIVATE_PATHS["/etc/kubernetes"]  # the node's /etc/kubernetes
-                features = private / nodeinfo.NFD_FEATURES_DIR.relative_to("/etc/kubernetes")
-                nodeinfo.write_nfd_feature_file(features, ctx.profiles[n.name])
+                write_feature_file(ctx, n)
                 argv = [str(nfd / "nfd-worker"), f"-kubeconfig={kubeconfig}", *QUIET_PORTS]
                 n.spawn("nfd-worker", argv, env={**env, "NODE_NAME": n.name})
 

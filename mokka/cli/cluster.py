@@ -170,6 +170,16 @@ def node_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., 
     "feature.node.kubernetes.io/pci-10de.present from the feature file Mokka writes. Always on with "
     "--allocator nvidia-dra (its chart places its plugins by those labels).",
 )
+@click.option(
+    "--gpu-operator",
+    "gpu_operator",
+    is_flag=True,
+    help="Install NVIDIA's GPU Operator with its own Helm chart and Mokka's values (helm install, namespace "
+    "gpu-operator): NFD, the validator, NVIDIA's device plugin and GFD, dcgm-exporter and the MIG manager run as "
+    "the operator deploys them; up returns when the ClusterPolicy is ready (Reconciled) and every node's GPUs are "
+    "allocatable. Takes --mig-strategy; the MIG manager comes from $MOKKA_MIG_PARTED_DIR, dcgm-exporter from "
+    "$MOKKA_DCGM_DIR.",
+)
 @virtual_option
 @fgo_option
 @click.option("--keep-on-failure", is_flag=True, help="Leave a cluster that failed to come up running, for its logs.")
@@ -186,6 +196,7 @@ def up_cmd(
     fabric_delay: float,
     dcgm_exporter: bool,
     nfd: bool,
+    gpu_operator: bool,
     keep_on_failure: bool,
 ) -> None:
     """Start the cluster; prints `export KUBECONFIG=...` on stdout, one progress line per step on stderr."""
@@ -209,6 +220,7 @@ def up_cmd(
         fgo=fgo_pools,
         dcgm_exporter=dcgm_exporter,
         nfd=nfd,
+        gpu_operator=gpu_operator,
         keep_on_failure=keep_on_failure,
     )
     t0 = time.monotonic()

@@ -1,0 +1,170 @@
+"""The images NVIDIA's GPU Operator runs, built without Docker under the names the shipped values
+give them (:func:`~. reference`): each is the programs built from the Go module proxy or brought by
+the user, with what NVIDIA's own image carries beside them that the operator's pods use, on busybox
+and the host's glibc where a program links it. Nothing of NVIDIA's images is copied.
+
+- the operator: ``gpu-operator``; its assets at ``/opt/gpu-operator``, the NVIDIADriver manifests
+  at ``/opt/gpu-operator/manifests`` and the CRDs the chart's upgrade hook applies, beside them;
+- the validator: ``nvidia-validator``, bash (its commands), glibc (it runs the driver root's
+  nvidia-smi), the workload manifests at ``/var/nvidia/manifests``;
+- NVIDIA's device plugin and GFD (one image, as NVIDIA's): both programs and bash (the operator's
+  entrypoint scripts);
+- dcgm-exporter (:func:`localcluster.addons.dcgm.build_image`), its counters where the operator's
+  DaemonSet points the exporter;
+- the MIG manager: ``nvidia-mig-manager``, ``nvidia-mig-parted`` and ``reconfigure-mig.sh`` (the
+  user's, :data:`~. MIG_PARTED_ENV`), bash and kubectl (the script's);
+- NFD: master, worker and garbage collector built with NFD's ``/host-`` prefix.
+
+The environment each image sets is what NVIDIA's sets for the runtime (``NVIDIA_VISIBLE_DEVICES``:
+which of its pods get the GPUs, the driver's library and nvidia-smi)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from containers import images as oci
+
+from .. import dcgm
+
+__all__ = ["ImageError", "Inputs", "build_all"]
+
+BASH = Path("/bin/bash")
+NVIDIA_RUNTIME_ENV = ("NVIDIA_DISABLE_REQUIRE=true",)
+
+
+class ImageError(RuntimeError):
+    """An image cannot be built; the message names what is missing."""
+
+
+class Inputs:
+    """Where each image's programs are: the operator's build (``operator``), NFD's image build
+    (``nfd``), the cluster's device plugin build (``device_plugin``), ``kubectl``, ``nvidia_smi``
+    (whose libraries the validator needs), the user's MIG manager (``mig_manager``: program name ->
+    path) and the cache (dcgm-exporter's)."""
+
+    def __init__(
+        self,
+        operator: Path,
+        nfd: Path,
+        device_plugin: Path,
+        kubectl: Path,
+        nvidia_smi: Path,
+        mig_manager: dict[str, Path],
+        cache: Path,
+    ) -> None:
+        self.operator = operator
+        self.nfd = nfd
+        self.device_plugin = device_plugin
+        self.kubectl = kubectl
+        self.nvidia_smi = nvidia_smi
+        self.mig_manager = mig_manager
+        self.cache = cache
+
+
+def _copy(src: Path, root: Path, dest: str, mode: int = 0o755) -> None:
+    target = root / dest.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.unlink(missing_ok=True)  # busybox's applet link, if any
+    shutil.copyfile(src, target)
+    target.chmod(mode)
+
+
+def _with_bash(root: Path) -> None:
+    if not BASH.is_file():
+        raise ImageError(f"{BASH} is missing (apt-get install bash): the operator's pods run their scripts with bash")
+    _copy(BASH, root, "/usr/bin/bash")
+
+
+def _env(*extra: str) -> list[str]:
+    return [oci.PATH_ENV, *extra]
+
+
+def operator(inp: Inputs, root: Path) -> dict[str, Any]:
+    oci.make_rootfs(root, cache=inp.cache)
+    _copy(inp.operator / "gpu-operator", root, "/usr/bin/gpu-operator")
+    opt = root / "opt/gpu-operator"
+    shutil.copytree(inp.operator / "assets", opt, dirs_exist_ok=True)
+    shutil.copytree(inp.operator / "manifests", opt / "manifests", dirs_exist_ok=True)
+    chart = inp.operator / "chart"
+    for crd in (
+        *sorted((chart / "crds").glob("*.yaml")),
+        chart / "charts/node-feature-discovery/crds/nfd-api-crds.yaml",
+    ):
+        _copy(crd, root, f"/opt/gpu-operator/{crd.name}", 0o644)
+    _copy(inp.kubectl, root, "/usr/local/bin/kubectl")  # the chart's CRD upgrade hook runs it
+    return {"entrypoint": ["/usr/bin/gpu-operator"], "env": _env("NVIDIA_VISIBLE_DEVICES=void")}
+
+
+def validator(inp: Inputs, root: Path) -> dict[str, Any]:
+    # glibc for the driver root's nvidia-smi, which the driver check runs with LD_PRELOAD
+    oci.make_rootfs(root, programs=[BASH, inp.nvidia_smi], cache=inp.cache)
+    _with_bash(root)
+    _copy(inp.operator / "validator", root, "/usr/bin/nvidia-validator")
+    for manifest in ("cuda-workload-validation.yaml", "plugin-workload-validation.yaml"):
+        _copy(inp.operator / manifest, root, f"/var/nvidia/manifests/{manifest}", 0o644)
+    env = _env("NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_DRIVER_CAPABILITIES=utility,compute", *NVIDIA_RUNTIME_ENV)
+    return {"cmd": ["/bin/bash"], "env": env}
+
+
+def device_plugin(inp: Inputs, root: Path) -> dict[str, Any]:
+    programs = [inp.device_plugin / p for p in ("nvidia-device-plugin", "gpu-feature-discovery")]
+    oci.make_rootfs(root, programs=[BASH, *programs], cache=inp.cache)
+    _with_bash(root)
+    for program in programs:
+        _copy(program, root, f"/usr/bin/{program.name}")
+    env = _env("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=utility", *NVIDIA_RUNTIME_ENV)
+    return {"cmd": ["/usr/bin/nvidia-device-plugin"], "env": env}
+
+
+def mig_manager(inp: Inputs, root: Path) -> dict[str, Any]:
+    programs = [inp.mig_manager["nvidia-mig-manager"], inp.mig_manager["nvidia-mig-parted"]]
+    oci.make_rootfs(root, programs=[BASH, *programs], cache=inp.cache)
+    _with_bash(root)
+    for name, path in inp.mig_manager.items():
+        _copy(path, root, f"/usr/bin/{name}")
+    _copy(inp.kubectl, root, "/usr/bin/kubectl")
+    env = _env(
+        "NVIDIA_VISIBLE_DEVICES=all",
+        "NVIDIA_MIG_CONFIG_DEVICES=all",
+        "NVIDIA_DRIVER_CAPABILITIES=utility",
+        *NVIDIA_RUNTIME_ENV,
+    )
+    return {"entrypoint": ["/usr/bin/nvidia-mig-manager"], "env": env}
+
+
+def nfd(inp: Inputs, root: Path) -> dict[str, Any]:
+    oci.make_rootfs(root, cache=inp.cache)
+    for program in ("nfd-master", "nfd-worker", "nfd-gc"):
+        _copy(inp.nfd / program, root, f"/usr/bin/{program}")
+    # nobody, as NFD's image: its chart's pods ask runAsNonRoot
+    return {"cmd": ["/usr/bin/nfd-worker"], "env": _env(), "user": "65534:65534"}
+
+
+# values key (as in the chart's values) -> how its image's root is made
+BUILDERS: dict[str, Callable[[Inputs, Path], dict[str, Any]]] = {
+    "operator": operator,
+    "validator": validator,
+    "devicePlugin": device_plugin,
+    "migManager": mig_manager,
+    "node-feature-discovery": nfd,
+}
+
+
+def build_all(inp: Inputs, names: dict[str, str], out: Path) -> Iterator[Path]:
+    """Each image's OCI archive under ``out`` (yielded one at a time: the caller imports it and
+    removes it); ``names``: values key -> image reference. ``gfd`` shares the device plugin's
+    image, as NVIDIA's; ``dcgmExporter`` is dcgm-exporter's image."""
+    for key, make in BUILDERS.items():
+        root = out / f"{key}-rootfs"
+        shutil.rmtree(root, ignore_errors=True)
+        config = make(inp, root)
+        archive = oci.oci_archive(root, out / f"{key}.tar", names[key], **config)
+        shutil.rmtree(root)
+        yield archive
+    try:
+        yield dcgm.build_image(out, inp.cache, names["dcgmExporter"], collectors=dcgm.OPERATOR_COLLECTORS)
+    except dcgm.ExporterUnavailable as exc:
+        raise ImageError(f"dcgm-exporter: {exc}") from None

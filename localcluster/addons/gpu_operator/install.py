@@ -1,0 +1,174 @@
+"""The GPU Operator as an add-on of the local cluster (``--gpu-operator``): its images built and
+imported into every node, Mokka's NFD feature file on every node (as Mokka's chart writes it on a
+real node), then ``helm install`` of its chart with the shipped values and the cluster's MIG
+strategy. Up returns when the operator serves every node: the ClusterPolicy ready for the right
+reason (``Reconciled``, not NFDLabelsMissing or NoGPUNodes), the validator's status files on every
+node, every node's GPUs allocatable through the operator's device plugin and GFD's labels on it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fetch import dcgm_exporter, debcache, gotool
+from fetch import versions as tools
+from fetch.kube import gpu_operator as build
+from fetch.kube import versions
+
+from ... import config, gpustack
+from ...errors import ClusterError
+from ..base import AddOn, Kit
+from ..nfd import write_feature_file
+from . import (
+    NAMESPACE,
+    RELEASE,
+    VALIDATIONS,
+    VALUES,
+    GpuOperatorUnavailable,
+    image_names,
+    images,
+    mig_manager,
+    values,
+)
+
+if TYPE_CHECKING:
+    from ...context import Context
+    from ...node import Node
+
+__all__ = ["GpuOperator", "cluster_policy", "missing", "policy_ready", "unready", "validations"]
+
+POLICY = "cluster-policy"  # the ClusterPolicy the chart creates
+GFD_LABEL = "nvidia.com/gpu.product"
+MIG_MANAGER_LABEL = "nvidia.com/gpu.deploy.mig-manager"
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+# The clients the MIG manager pauses for a change and starts again after it (it leaves nvsm paused).
+RESTARTED_LABELS = tuple(
+    f"nvidia.com/gpu.deploy.{c}" for c in ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm")
+)
+READY_TIMEOUT = 300
+
+
+class GpuOperator(AddOn):
+    def __init__(self, mig_strategy: str) -> None:
+        self.mig_strategy = mig_strategy
+        self.helm: Path | None = None
+        self.built: build.Operator | None = None
+
+    def check(self, cache: Path) -> None:
+        try:
+            mig_manager(cache)
+            image_names(values())
+            dcgm_exporter.binary(cache / "dcgm-exporter")
+        except GpuOperatorUnavailable as exc:
+            raise ClusterError(str(exc)) from None
+        except dcgm_exporter.ExporterMissing as exc:
+            raise ClusterError(f"--gpu-operator: dcgm-exporter: {exc}") from None
+
+    def fetch(self, cache: Path | None) -> None:
+        self.helm = gotool.build(tools.HELM, cache) / "helm"
+        self.built = build.ensure(cache)
+
+    def up(self, ctx: Context, kit: Kit) -> None:
+        assert self.helm is not None and self.built is not None, "fetch comes first"
+        cache = ctx.cache or debcache.default_cache()
+        names = image_names(values())
+        with ctx.step(f"GPU Operator {versions.GPU_OPERATOR_RELEASE}: its images on every node"):
+            inputs = images.Inputs(
+                operator=self.built.operator,
+                nfd=self.built.nfd,
+                device_plugin=kit.bins.device_plugin,
+                kubectl=kit.bins["kubectl"],
+                nvidia_smi=kit.nvidia_smi,
+                mig_manager=mig_manager(cache),
+                cache=cache,
+            )
+            try:
+                for tarball in images.build_all(inputs, names, ctx.layout.images):
+                    ctx.import_image(tarball)
+                    tarball.unlink()
+            except (images.ImageError, GpuOperatorUnavailable) as exc:
+                raise ClusterError(f"--gpu-operator: {exc}") from None
+            ctx.each("NFD feature file", lambda n: write_feature_file(ctx, n))
+        with ctx.step(f"GPU Operator: helm install (values {VALUES.name}, mig.strategy={self.mig_strategy})"):
+            install(ctx, self.helm, self.built.chart, self.mig_strategy)
+        with ctx.step("GPU Operator: NFD's and GFD's labels, the operands Ready, ClusterPolicy ready (Reconciled)"):
+            # GFD writes its labels into features.d; NFD's worker takes them up on its next pass (a
+            # minute); a MIG-capable product then brings the MIG manager.
+            ctx.wait_each("GFD's labels (through NFD)", lambda n: GFD_LABEL in n.labels(), timeout=READY_TIMEOUT)
+            ctx.wait_each("the operator's labels", lambda n: labelled(n.labels()), timeout=READY_TIMEOUT)
+            ctx.wait("every operand Ready", lambda: not unready(ctx), timeout=READY_TIMEOUT)
+            ctx.wait("ClusterPolicy ready, reason Reconciled", lambda: policy_ready(ctx), timeout=READY_TIMEOUT)
+            ctx.wait_each("the validator's status files", lambda n: not missing(n), timeout=READY_TIMEOUT)
+            wants = {n.name: gpustack.expected_allocatable(ctx.profiles[n.name], self.mig_strategy) for n in ctx.nodes}
+            ctx.wait_each(
+                "allocatable GPUs (the operator's device plugin)",
+                lambda n: all(n.allocatable(k) == v for k, v in wants[n.name].items()),
+                timeout=READY_TIMEOUT,
+            )
+
+
+def install(ctx: Context, helm: Path, chart: Path, mig_strategy: str) -> None:
+    """``helm install`` of ``chart`` with the shipped values and ``mig.strategy``."""
+    argv = [str(helm), "install", RELEASE, str(chart), "--namespace", NAMESPACE, "--create-namespace"]
+    argv += [
+        "--kubeconfig",
+        str(ctx.layout.admin_kubeconfig),
+        "-f",
+        str(VALUES),
+        "--set",
+        f"mig.strategy={mig_strategy}",
+    ]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    if res.returncode != 0:
+        raise ClusterError(f"helm install {chart}: {' '.join(res.stderr.split())[:400]}")
+
+
+def labelled(labels: dict[str, str]) -> bool:
+    """The operator has labelled a GPU node for its operands, and where GFD says the GPUs are
+    MIG-capable the MIG manager has run once (it applies the default layout at start, pausing
+    the node's GPU clients meanwhile) and says how it went."""
+    if labels.get("nvidia.com/gpu.present") != "true":
+        return False
+    if labels.get("nvidia.com/mig.capable") != "true":
+        return True
+    paused = [k for k in RESTARTED_LABELS if labels.get(k, "").startswith("paused")]
+    return MIG_MANAGER_LABEL in labels and labels.get(MIG_STATE_LABEL) in ("success", "failed") and not paused
+
+
+def unready(ctx: Context) -> list[str]:
+    """The operator's DaemonSets (and the chart's) whose pods are not all scheduled and Ready."""
+    items = ctx.apiserver.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets").get("items", [])
+    late = []
+    for ds in items:
+        st = ds.get("status") or {}
+        want = st.get("desiredNumberScheduled", 0)
+        if st.get("numberReady", 0) != want or st.get("updatedNumberScheduled", 0) != want:
+            late.append(ds["metadata"]["name"])
+    return late
+
+
+def cluster_policy(ctx: Context) -> dict[str, Any]:
+    """The chart's ClusterPolicy as the API server has it."""
+    return ctx.apiserver.get(f"/apis/nvidia.com/v1/clusterpolicies/{POLICY}")
+
+
+def policy_ready(ctx: Context) -> bool:
+    """``status.state`` ready, and its Ready condition's reason ``Reconciled``: the operator also
+    says ready when no node is a GPU node (NoGPUNodes) or NFD labelled none (NFDLabelsMissing)."""
+    try:
+        status = cluster_policy(ctx).get("status") or {}
+    except ClusterError:
+        return False
+    ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    return status.get("state") == "ready" and bool(ready) and ready[0].get("reason") == "Reconciled"
+
+
+def validations(n: Node) -> Path:
+    """The node's /run/nvidia/validations (its private directory)."""
+    return n.layout.ns / config.PRIVATE_PATHS["/run/nvidia"] / "validations"
+
+
+def missing(n: Node) -> list[str]:
+    """The validator's status files not (yet) written on ``n``."""
+    return [v for v in VALIDATIONS if not (validations(n) / f"{v}-ready").is_file()]

@@ -1,0 +1,167 @@
+"""NVIDIA's GPU Operator on mock nodes (`mokka cluster up --gpu-operator`): its own Helm chart,
+installed by helm with the values Mokka ships, its operator and validator built from the Go module
+proxy, its operands real (NFD through the chart, NVIDIA's device plugin and GFD, dcgm-exporter, the
+MIG manager), the policy ready for the right reasons, and a GPU pod scheduled by the operator's
+device plugin seeing its GPUs. One cluster (an H100 node, whose product brings the MIG manager,
+and an L40S node) is shared by the tests that only read it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_fixtures import pod_manifest, run_pod, start_cluster, wait_for
+
+from fetch import dcgm_exporter, thirdparty
+from fetch.kube import binaries
+from gpumodel.nodelayout import NodeLayout
+from localcluster.addons import gpu_operator
+from localcluster.addons.gpu_operator import install
+from localcluster.cluster import Cluster, ClusterError, Options
+from localcluster.nodespec import NodeSpec
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.slow,
+    # the user's builds the operator's chart runs: NVIDIA's MIG manager and dcgm-exporter
+    pytest.mark.skipif(
+        thirdparty.directory(gpu_operator.MIG_PARTED_ENV, "mig-parted") is None or dcgm_exporter.directory() is None,
+        reason=f"no MIG manager (../shared/thirdparty/mig-parted or ${gpu_operator.MIG_PARTED_ENV}) or dcgm-exporter",
+    ),
+]
+
+NS = gpu_operator.NAMESPACE
+# The operator's DaemonSets every GPU node runs (the MIG manager only where the product is MIG-capable).
+OPERANDS = (
+    "nvidia-operator-validator",
+    "nvidia-device-plugin-daemonset",
+    "gpu-feature-discovery",
+    "nvidia-dcgm-exporter",
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    nodes = (NodeSpec("h100", 2), NodeSpec("l40s", 1))
+    with start_cluster(tmp_path_factory.mktemp("gpu-operator"), nodes=nodes, gpu_operator=True) as c:
+        yield c
+
+
+def pods(cluster: Cluster, selector: str = "") -> list[dict[str, Any]]:
+    query = f"?labelSelector={selector}" if selector else ""
+    return list(cluster.get(f"/api/v1/namespaces/{NS}/pods{query}").get("items", []))
+
+
+def running(pod: dict[str, Any]) -> bool:
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    return pod["status"].get("phase") == "Running" and bool(statuses) and all(s.get("ready") for s in statuses)
+
+
+def test_the_policy_is_ready_because_it_reconciled_every_gpu_node(cluster: Cluster) -> None:
+    status = install.cluster_policy(cluster)["status"]
+    assert status["state"] == "ready"
+    reasons = {c["type"]: c.get("reason") for c in status["conditions"]}
+    assert reasons["Ready"] == "Reconciled", status["conditions"]  # not NFDLabelsMissing, not NoGPUNodes
+
+
+def test_nfd_from_the_chart_labels_every_node_and_the_operator_takes_it_as_a_gpu_node(cluster: Cluster) -> None:
+    workers = [p for p in pods(cluster, "app.kubernetes.io/name=node-feature-discovery") if running(p)]
+    assert {p["spec"]["nodeName"] for p in workers if "worker" in p["metadata"]["name"]} == {
+        n.name for n in cluster.nodes
+    }
+    for n in cluster.nodes:
+        labels = n.labels()
+        assert labels.get("feature.node.kubernetes.io/pci-10de.present") == "true", n.name
+        assert labels.get("nvidia.com/gpu.present") == "true", n.name
+        assert labels.get("nvidia.com/gpu.deploy.device-plugin") == "true", n.name
+
+
+def test_every_operand_runs_on_every_node(cluster: Cluster) -> None:
+    found = pods(cluster)
+    for n in cluster.nodes:
+        mine = {p["metadata"].get("labels", {}).get("app"): p for p in found if p["spec"].get("nodeName") == n.name}
+        for app in OPERANDS:
+            assert app in mine and running(mine[app]), (n.name, app, sorted(a for a in mine if a))
+    h100 = [n for n in cluster.nodes if "h100" in n.name]
+    for n in h100:  # the MIG-capable product: the operator labels it for the MIG manager
+        assert n.labels().get("nvidia.com/gpu.deploy.mig-manager") == "true"
+    managers = [p for p in found if p["metadata"].get("labels", {}).get("app") == "nvidia-mig-manager"]
+    assert {p["spec"]["nodeName"] for p in managers if running(p)} == {n.name for n in h100}
+
+
+def test_the_validator_checked_the_driver_toolkit_cuda_and_plugin(cluster: Cluster) -> None:
+    for n in cluster.nodes:
+        assert install.missing(n) == [], n.name
+        driver = dict(
+            line.split("=", 1) for line in (install.validations(n) / "driver-ready").read_text().splitlines() if line
+        )
+        # The pre-installed driver at the staged node's driver root (not a host driver, not a container's).
+        assert driver["IS_HOST_DRIVER"] == "false"
+        assert driver["NVIDIA_DRIVER_ROOT"] == "/var/lib/mokka/driver"
+
+
+def test_allocatable_and_gfd_labels_are_the_profiles(cluster: Cluster) -> None:
+    """The operator's device plugin advertises every GPU; the operator's GFD (through NFD's
+    features.d) labels the node as the same GFD run against the node from the host does."""
+    gfd = binaries.cached()
+    assert gfd is not None
+    for n in cluster.nodes:
+        profile = cluster.profiles[n.name]
+        assert n.allocatable() == profile.gpu_count
+        labels = n.labels()
+        expected = n.run_gfd(gfd["gpu-feature-discovery"], str(cluster.options["mig_strategy"]))
+        expected.pop("nvidia.com/gfd.timestamp", None)
+        assert {k: labels.get(k) for k in expected} == expected, n.name
+        assert labels["nvidia.com/gpu.product"] == profile.gpu.name.replace(" ", "-")
+
+
+def test_a_gpu_pod_sees_its_gpus_through_nvidia_smi(cluster: Cluster) -> None:
+    """Scheduled by the operator's device plugin, which names them in NVIDIA_VISIBLE_DEVICES."""
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(cluster.api())
+    probe = "nvidia-smi -L; echo visible: $NVIDIA_VISIBLE_DEVICES"
+    res = run_pod(core, pod_manifest("smi", ["sh", "-c", probe], gpus=2), timeout=120)
+    assert res.phase == "Succeeded", res.logs
+    listed = [ln.split("UUID: ")[1].rstrip(")") for ln in res.logs.splitlines() if ln.startswith("GPU ")]
+    visible = next(ln for ln in res.logs.splitlines() if ln.startswith("visible:")).split()[1].split(",")
+    assert len(listed) == 2 and sorted(listed) == sorted(visible), res.logs
+    node = cluster.node(res.pod.spec.node_name)
+    assert set(listed) <= {g.uuid for g in NodeLayout.load(node.layout.node_root).gpus}, res.logs
+
+
+def test_options_the_operator_replaces_are_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match=r"^--gpu-operator deploys .*: drop --nfd, --dcgm-exporter$"):
+        Cluster.up(Options(base=tmp_path / "c", gpu_operator=True, nfd=True, dcgm_exporter=True))
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_missing_mig_manager_is_named_before_anything_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(gpu_operator.MIG_PARTED_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(ClusterError, match=r"MOKKA_MIG_PARTED_DIR=.*nowhere: no reconfigure-mig.sh"):
+        Cluster.up(Options(base=tmp_path / "c", gpu_operator=True))
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
+
+
+def test_the_operators_dcgm_exporter_serves_every_gpu_and_an_injected_xid(cluster: Cluster) -> None:
+    """Last: the Xid makes the operator's device plugin take the GPU out of allocatable."""
+    exporters = {p["spec"]["nodeName"]: p["metadata"]["name"] for p in pods(cluster, "app=nvidia-dcgm-exporter")}
+
+    def samples(node: str, name: str) -> dict[str, float]:
+        path = f"/api/v1/namespaces/{NS}/pods/{exporters[node]}:9400/proxy/metrics"
+        found = dcgm_exporter.parse(cluster.get_text(path, timeout=10))
+        return {s.labels["gpu"]: s.value for s in found if s.name == name}
+
+    for n in cluster.nodes:
+        temps = samples(n.name, "DCGM_FI_DEV_GPU_TEMP")
+        assert sorted(temps, key=int) == [str(i) for i in range(cluster.profiles[n.name].gpu_count)], (n.name, temps)
+    n = cluster.nodes[0]
+    before = n.allocatable()
+    fault = [sys.executable, "-m", "mokka.cli", "fault", "xid", "79", "--gpu", "1", "--root", str(n.layout.node_root)]
+    subprocess.run(fault, check=True, capture_output=True)
+    wait_for("the Xid in the exporter", lambda: samples(n.name, "DCGM_FI_DEV_XID_ERRORS").get("1") == 79, 60)
+    wait_for("GPU 1 out of allocatable", lambda: n.allocatable() == before - 1, 90)
