@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +18,14 @@ from typing import Any
 import pytest
 from cluster_fixtures import pod_manifest, run_pod, start_cluster, wait_for
 
-from fetch import dcgm_exporter, thirdparty
+from fetch import dcgm_exporter, debcache, gotool, thirdparty
+from fetch import versions as tools
 from fetch.kube import binaries
+from fetch.kube import gpu_operator as gpu_operator_build
+from fetch.kube import versions as kube_versions
 from gpumodel.nodelayout import NodeLayout
 from localcluster.addons import gpu_operator
-from localcluster.addons.gpu_operator import install
+from localcluster.addons.gpu_operator import images, install
 from localcluster.cluster import Cluster, ClusterError, Options
 from localcluster.nodespec import NodeSpec
 
@@ -145,6 +150,73 @@ def test_a_missing_mig_manager_is_named_before_anything_starts(tmp_path: Path, m
     with pytest.raises(ClusterError, match=r"MOKKA_MIG_PARTED_DIR=.*nowhere: no reconfigure-mig.sh"):
         Cluster.up(Options(base=tmp_path / "c", gpu_operator=True))
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
+
+
+def test_an_upgrade_rolls_the_device_plugin_node_by_node_and_leaves_gpu_pods_alone(cluster: Cluster) -> None:
+    """``helm upgrade`` of the release to the cluster's newer device plugin and GFD: the operator
+    rolls its DaemonSets (one node unavailable at a time), says notReady meanwhile and ready again,
+    and a GPU pod that was running keeps running, untouched, with its GPU."""
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(cluster.api())
+    core.create_namespaced_pod("default", pod_manifest("steady", ["sh", "-c", "sleep 3600"], gpus=1))
+    try:
+        before = wait_for("pod steady Running", lambda: running_pod(core, "steady"), 90)
+        bins = binaries.cached()
+        assert bins is not None
+        new = f"nvcr.io/nvidia/k8s-device-plugin:{kube_versions.DEVICE_PLUGIN}"
+        cache = cluster.cache or debcache.default_cache()
+        tarball = images.build_device_plugin(bins.device_plugin, new, cluster.layout.images, cache)
+        cluster.import_image(tarball)
+        tarball.unlink()
+
+        seen: list[tuple[str, int]] = []  # (policy state, nodes without a Ready device plugin)
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                plugins = pods(cluster, "app=nvidia-device-plugin-daemonset")
+                up = {p["spec"]["nodeName"] for p in plugins if running(p)}
+                state = (install.cluster_policy(cluster).get("status") or {}).get("state", "")
+                seen.append((state, len(cluster.nodes) - len(up)))
+                time.sleep(0.2)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            helm = gotool.cached(tools.HELM)
+            built = gpu_operator_build.cached()
+            assert helm is not None and built is not None
+            version = kube_versions.DEVICE_PLUGIN
+            install.upgrade(
+                cluster, helm / "helm", built.chart, {"devicePlugin.version": version, "gfd.version": version}
+            )
+
+            def rolled() -> bool:
+                plugins = [p for p in pods(cluster, "app=nvidia-device-plugin-daemonset") if running(p)]
+                images_now = {p["spec"]["containers"][0]["image"] for p in plugins}
+                return len(plugins) == len(cluster.nodes) and images_now == {new} and install.policy_ready(cluster)
+
+            wait_for("every node's device plugin upgraded, the policy ready again", rolled, 240)
+        finally:
+            done.set()
+            watcher.join(timeout=10)
+        assert any(state == "notReady" for state, _ in seen), sorted(set(seen))
+        assert max(down for _, down in seen) == 1, sorted(set(seen))  # node by node
+        for n in cluster.nodes:
+            assert n.allocatable() == cluster.profiles[n.name].gpu_count, n.name
+        after = core.read_namespaced_pod("steady", "default")
+        assert after.metadata.uid == before.metadata.uid and after.status.phase == "Running"
+        assert after.status.container_statuses[0].restart_count == 0
+        smi = cluster.kubectl("exec", "steady", "--", "nvidia-smi", "-L").stdout
+        assert len([ln for ln in smi.splitlines() if ln.startswith("GPU ")]) == 1, smi
+    finally:
+        core.delete_namespaced_pod("steady", "default", grace_period_seconds=0)
+
+
+def running_pod(core: Any, name: str) -> Any:
+    pod = core.read_namespaced_pod(name, "default")
+    return pod if pod.status.phase == "Running" else None
 
 
 def test_the_operators_dcgm_exporter_serves_every_gpu_and_an_injected_xid(cluster: Cluster) -> None:

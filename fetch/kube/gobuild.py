@@ -49,7 +49,8 @@ class GoBuild:
     ships in its module, e.g. KWOK's stages; a directory is copied whole: the GPU Operator's chart
     and assets), each under its base name, or ``(path, name)`` under ``name``. ``requires``: modules the
     wrapper requires at these versions besides ``module`` (one the module replaces with a local
-    directory, which a dependency's replace cannot do: NFD's ``api/nfd``).
+    directory, which a dependency's replace cannot do: NFD's ``api/nfd``). ``replaces``: modules
+    the build takes at another version than the module asks (one the proxy does not serve).
     """
 
     name: str
@@ -65,6 +66,7 @@ class GoBuild:
     go: tuple[int, int] = versions.GO_MINIMUM
     files: tuple[str | tuple[str, str], ...] = ()
     requires: tuple[tuple[str, str], ...] = ()
+    replaces: tuple[tuple[str, str], ...] = ()
 
     @property
     def binaries(self) -> tuple[str, ...]:
@@ -87,6 +89,8 @@ class GoBuild:
             asked += [self.go, self.files]
         if self.requires:
             asked.append(self.requires)
+        if self.replaces:
+            asked.append(self.replaces)
         desc = json.dumps(asked)
         return f"{self.name}-{self.version}-{hashlib.sha256(desc.encode()).hexdigest()[:10]}"
 
@@ -153,6 +157,7 @@ def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
         (src / "go.mod").write_text(
             f"module mokka.local/build/{spec.name}\n\ngo {go_version}\n\nrequire {spec.module} {spec.version}\n"
             + "".join(f"require {module} {version}\n" for module, version in spec.requires)
+            + "".join(f"replace {module} => {module} {version}\n" for module, version in spec.replaces)
         )
         if spec.staging_version:
             step = _step(progress, spec, f"downloading {spec.module}@{spec.version}")

@@ -1,7 +1,8 @@
 """What NVIDIA's GPU Operator runs, built from the Go module proxy into the cache: the operator's
 manager and validator with the operator's own assets, its Helm chart and the validator's workload
 manifests (:data:`OPERATOR`), and NFD built as NFD's image builds it, reading the host under
-``/host-`` where its pods mount it (:data:`NFD_IMAGE`). The images are made of these by
+``/host-`` where its pods mount it (:data:`NFD_IMAGE`), and NVIDIA's device plugin and GFD at the
+version the chart deploys (:data:`DEVICE_PLUGIN`). The images are made of these by
 :mod:`localcluster.addons.gpu_operator.images`."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from fetch.kube import gobuild, versions
 
-__all__ = ["GO_BUILDS", "NFD_IMAGE", "OPERATOR", "Operator", "cached", "ensure"]
+__all__ = ["DEVICE_PLUGIN", "GO_BUILDS", "NFD_IMAGE", "OPERATOR", "Operator", "cached", "ensure"]
 
 _OPERATOR_MODULE = "github.com/NVIDIA/gpu-operator"
 
@@ -43,16 +44,34 @@ NFD_IMAGE = gobuild.GoBuild(
     requires=(("sigs.k8s.io/node-feature-discovery/api/nfd", versions.NFD),),
 )
 
-GO_BUILDS = (OPERATOR, NFD_IMAGE)
+# NVIDIA's device plugin and GFD at the version the operator's chart deploys (the cluster's own
+# build, :data:`fetch.kube.binaries.DEVICE_PLUGIN`, is newer: what an upgrade of the operand moves to).
+DEVICE_PLUGIN = gobuild.GoBuild(
+    name="k8s-device-plugin",
+    module="github.com/NVIDIA/k8s-device-plugin",
+    version=versions.GPU_OPERATOR_DEVICE_PLUGIN,
+    commands=(
+        "github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin",
+        "github.com/NVIDIA/k8s-device-plugin/cmd/gpu-feature-discovery",
+    ),
+    ldflags=(f"-X github.com/NVIDIA/k8s-device-plugin/internal/info.version={versions.GPU_OPERATOR_DEVICE_PLUGIN}",),
+    cgo=True,  # go-nvml dlopens libnvidia-ml through cgo
+    # GFD's NFD client: v0.15.7 is not served, its patch release v0.15.4 (the same API) is.
+    replaces=(("sigs.k8s.io/node-feature-discovery", "v0.15.4"),),
+)
+
+GO_BUILDS = (OPERATOR, NFD_IMAGE, DEVICE_PLUGIN)
 
 
 class Operator:
     """The built pieces: ``operator`` (gpu-operator, nvidia-validator, assets/, manifests/, the chart
-    chart/, the workload manifests) and ``nfd`` (nfd-master, nfd-worker, nfd-gc)."""
+    chart/, the workload manifests), ``nfd`` (nfd-master, nfd-worker, nfd-gc) and ``device_plugin``
+    (nvidia-device-plugin, gpu-feature-discovery at the chart's version)."""
 
-    def __init__(self, operator: Path, nfd: Path) -> None:
+    def __init__(self, operator: Path, nfd: Path, device_plugin: Path) -> None:
         self.operator = operator
         self.nfd = nfd
+        self.device_plugin = device_plugin
 
     @property
     def chart(self) -> Path:
@@ -60,9 +79,10 @@ class Operator:
 
 
 def cached(cache: Path | None = None) -> Operator | None:
-    op, nfd = (gobuild.cached(spec, cache) for spec in GO_BUILDS)
-    return Operator(op, nfd) if op is not None and nfd is not None else None
+    op, nfd, dp = (gobuild.cached(spec, cache) for spec in GO_BUILDS)
+    return Operator(op, nfd, dp) if op is not None and nfd is not None and dp is not None else None
 
 
 def ensure(cache: Path | None = None, progress: gobuild.Progress = gobuild.stderr_progress) -> Operator:
-    return Operator(gobuild.build(OPERATOR, cache, progress), gobuild.build(NFD_IMAGE, cache, progress))
+    op, nfd, dp = (gobuild.build(spec, cache, progress) for spec in GO_BUILDS)
+    return Operator(op, nfd, dp)

@@ -25,3 +25,5 @@ NFD = "v0.17.3"
 # served); its module holds the operator, the validator, their assets and the Helm chart.
 GPU_OPERATOR = "v0.0.0-20250917190837-d73a0086a6ba"
 GPU_OPERATOR_RELEASE = "v25.3.4"
+# NVIDIA's device plugin and GFD as that chart deploys them (now served; older than DEVICE_PLUGIN).
+GPU_OPERATOR_DEVICE_PLUGIN = "v0.17.4"

@@ -29,7 +29,7 @@ from containers import images as oci
 
 from .. import dcgm
 
-__all__ = ["ImageError", "Inputs", "build_all"]
+__all__ = ["ImageError", "Inputs", "build_all", "build_device_plugin"]
 
 BASH = Path("/bin/bash")
 NVIDIA_RUNTIME_ENV = ("NVIDIA_DISABLE_REQUIRE=true",)
@@ -41,7 +41,7 @@ class ImageError(RuntimeError):
 
 class Inputs:
     """Where each image's programs are: the operator's build (``operator``), NFD's image build
-    (``nfd``), the cluster's device plugin build (``device_plugin``), ``kubectl``, ``nvidia_smi``
+    (``nfd``), the device plugin and GFD at the chart's version (``device_plugin``), ``kubectl``, ``nvidia_smi``
     (whose libraries the validator needs), the user's MIG manager (``mig_manager``: program name ->
     path) and the cache (dcgm-exporter's)."""
 
@@ -110,8 +110,13 @@ def validator(inp: Inputs, root: Path) -> dict[str, Any]:
 
 
 def device_plugin(inp: Inputs, root: Path) -> dict[str, Any]:
-    programs = [inp.device_plugin / p for p in ("nvidia-device-plugin", "gpu-feature-discovery")]
-    oci.make_rootfs(root, programs=[BASH, *programs], cache=inp.cache)
+    return _device_plugin(inp.device_plugin, root, inp.cache)
+
+
+def _device_plugin(build: Path, root: Path, cache: Path) -> dict[str, Any]:
+    """NVIDIA's device plugin and GFD of ``build``."""
+    programs = [build / p for p in ("nvidia-device-plugin", "gpu-feature-discovery")]
+    oci.make_rootfs(root, programs=[BASH, *programs], cache=cache)
     _with_bash(root)
     for program in programs:
         _copy(program, root, f"/usr/bin/{program.name}")
@@ -151,6 +156,16 @@ BUILDERS: dict[str, Callable[[Inputs, Path], dict[str, Any]]] = {
     "migManager": mig_manager,
     "node-feature-discovery": nfd,
 }
+
+
+def build_device_plugin(build: Path, name: str, out: Path, cache: Path) -> Path:
+    """The device plugin's and GFD's image of another build (an operand upgrade), named ``name``."""
+    root = out / "devicePlugin-upgrade-rootfs"
+    shutil.rmtree(root, ignore_errors=True)
+    config = _device_plugin(build, root, cache)
+    archive = oci.oci_archive(root, out / "devicePlugin-upgrade.tar", name, **config)
+    shutil.rmtree(root)
+    return archive
 
 
 def build_all(inp: Inputs, names: dict[str, str], out: Path) -> Iterator[Path]:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ...context import Context
     from ...node import Node
 
-__all__ = ["GpuOperator", "cluster_policy", "missing", "policy_ready", "unready", "validations"]
+__all__ = ["GpuOperator", "cluster_policy", "install", "missing", "policy_ready", "unready", "upgrade", "validations"]
 
 POLICY = "cluster-policy"  # the ClusterPolicy the chart creates
 GFD_LABEL = "nvidia.com/gpu.product"
@@ -77,7 +77,7 @@ class GpuOperator(AddOn):
             inputs = images.Inputs(
                 operator=self.built.operator,
                 nfd=self.built.nfd,
-                device_plugin=kit.bins.device_plugin,
+                device_plugin=self.built.device_plugin,
                 kubectl=kit.bins["kubectl"],
                 nvidia_smi=kit.nvidia_smi,
                 mig_manager=mig_manager(cache),
@@ -110,18 +110,21 @@ class GpuOperator(AddOn):
 
 def install(ctx: Context, helm: Path, chart: Path, mig_strategy: str) -> None:
     """``helm install`` of ``chart`` with the shipped values and ``mig.strategy``."""
-    argv = [str(helm), "install", RELEASE, str(chart), "--namespace", NAMESPACE, "--create-namespace"]
-    argv += [
-        "--kubeconfig",
-        str(ctx.layout.admin_kubeconfig),
-        "-f",
-        str(VALUES),
-        "--set",
-        f"mig.strategy={mig_strategy}",
-    ]
+    _helm(ctx, helm, "install", chart, "--create-namespace", "-f", str(VALUES), "--set", f"mig.strategy={mig_strategy}")
+
+
+def upgrade(ctx: Context, helm: Path, chart: Path, settings: dict[str, str]) -> None:
+    """``helm upgrade`` of the release to ``chart`` with the values it has and ``settings``
+    (``--set key=value`` each); its hooks run (the operator's CRD upgrade Job)."""
+    _helm(ctx, helm, "upgrade", chart, "--reuse-values", *(f"--set={k}={v}" for k, v in settings.items()))
+
+
+def _helm(ctx: Context, helm: Path, verb: str, chart: Path, *args: str) -> None:
+    argv = [str(helm), verb, RELEASE, str(chart), "--namespace", NAMESPACE, "--kubeconfig"]
+    argv += [str(ctx.layout.admin_kubeconfig), *args]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     if res.returncode != 0:
-        raise ClusterError(f"helm install {chart}: {' '.join(res.stderr.split())[:400]}")
+        raise ClusterError(f"helm {verb} {chart}: {' '.join(res.stderr.split())[:400]}")
 
 
 def labelled(labels: dict[str, str]) -> bool:
