@@ -91,7 +91,10 @@ class Options:
         """The add-ons these options ask for, in the order they come up."""
         chosen: list[AddOn] = []
         if self.gpu_operator:  # its chart brings NFD, the device plugin, GFD, dcgm-exporter
-            return [GpuOperator(self.mig_strategy)]
+            # virtual nodes first: NFD's labels on them make them GPU nodes the operator serves too
+            if self.virtual:
+                chosen.append(VirtualPools(self.virtual, self.mig_strategy, dra=False, nfd=True))
+            return [*chosen, GpuOperator(self.mig_strategy)]
         if self.runs_nfd:
             chosen.append(Nfd())
         if self.allocator == "device-plugin":
@@ -408,7 +411,6 @@ def _check_choices(options: Options) -> None:
             "--allocator " + options.allocator: options.allocator != "device-plugin",
             "--nfd": options.nfd,
             "--dcgm-exporter": options.dcgm_exporter,
-            "--virtual": bool(options.virtual),
             "--fgo": bool(options.fgo),
             "--device-list-strategy " + options.device_list_strategy: options.device_list_strategy != "envvar",
             "--no-nri-plugin": not options.nri_plugin,

@@ -26,6 +26,7 @@ from fetch.kube import versions as kube_versions
 from gpumodel.nodelayout import NodeLayout
 from localcluster.addons import gpu_operator
 from localcluster.addons.gpu_operator import images, install
+from localcluster.addons.virtual import VIRTUAL_LABEL, VirtualSpec
 from localcluster.cluster import Cluster, ClusterError, Options
 from localcluster.nodespec import NodeSpec
 
@@ -40,6 +41,7 @@ pytestmark = [
 ]
 
 NS = gpu_operator.NAMESPACE
+VIRTUAL = 3  # KWOK's nodes of an H100 pool beside the real ones
 # The operator's DaemonSets every GPU node runs (the MIG manager only where the product is MIG-capable).
 OPERANDS = (
     "nvidia-operator-validator",
@@ -52,7 +54,8 @@ OPERANDS = (
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     nodes = (NodeSpec("h100", 2), NodeSpec("l40s", 1))
-    with start_cluster(tmp_path_factory.mktemp("gpu-operator"), nodes=nodes, gpu_operator=True) as c:
+    virtual = (VirtualSpec.parse(f"h100:8={VIRTUAL}"),)
+    with start_cluster(tmp_path_factory.mktemp("gpu-operator"), nodes=nodes, virtual=virtual, gpu_operator=True) as c:
         yield c
 
 
@@ -74,10 +77,11 @@ def test_the_policy_is_ready_because_it_reconciled_every_gpu_node(cluster: Clust
 
 
 def test_nfd_from_the_chart_labels_every_node_and_the_operator_takes_it_as_a_gpu_node(cluster: Cluster) -> None:
-    workers = [p for p in pods(cluster, "app.kubernetes.io/name=node-feature-discovery") if running(p)]
-    assert {p["spec"]["nodeName"] for p in workers if "worker" in p["metadata"]["name"]} == {
-        n.name for n in cluster.nodes
-    }
+    nfd = [p for p in pods(cluster, "app.kubernetes.io/name=node-feature-discovery") if running(p)]
+    placed = {p["spec"]["nodeName"] for p in nfd if "worker" in p["metadata"]["name"]}
+    assert {n.name for n in cluster.nodes} <= placed, placed  # and on the virtual nodes, as KWOK runs them
+    master = [p["spec"]["nodeName"] for p in nfd if "master" in p["metadata"]["name"]]
+    assert master and master[0] in {n.name for n in cluster.nodes}, master  # a real one: it really runs
     for n in cluster.nodes:
         labels = n.labels()
         assert labels.get("feature.node.kubernetes.io/pci-10de.present") == "true", n.name
@@ -95,7 +99,27 @@ def test_every_operand_runs_on_every_node(cluster: Cluster) -> None:
     for n in h100:  # the MIG-capable product: the operator labels it for the MIG manager
         assert n.labels().get("nvidia.com/gpu.deploy.mig-manager") == "true"
     managers = [p for p in found if p["metadata"].get("labels", {}).get("app") == "nvidia-mig-manager"]
-    assert {p["spec"]["nodeName"] for p in managers if running(p)} == {n.name for n in h100}
+    real = {n.name for n in cluster.nodes}
+    assert {p["spec"]["nodeName"] for p in managers if running(p)} & real == {n.name for n in h100}
+
+
+def test_virtual_nodes_are_gpu_nodes_of_the_operator_too(cluster: Cluster) -> None:
+    """KWOK's nodes carry the labels NFD and GFD give a real H100 node; the operator labels them
+    GPU nodes, its DaemonSets schedule there (KWOK runs those pods) and the policy counts them."""
+    nodes = cluster.get(f"/api/v1/nodes?labelSelector={VIRTUAL_LABEL}=true")["items"]
+    assert len(nodes) == VIRTUAL
+    real = cluster.nodes[0].labels()
+    for node in nodes:
+        labels = node["metadata"]["labels"]
+        assert labels.get("nvidia.com/gpu.present") == "true", labels
+        assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
+        assert labels["nvidia.com/gpu.product"] == real["nvidia.com/gpu.product"]
+        on_it = {
+            p["metadata"].get("labels", {}).get("app")
+            for p in pods(cluster)
+            if p["spec"].get("nodeName") == node["metadata"]["name"] and running(p)
+        }
+        assert set(OPERANDS) <= on_it, (node["metadata"]["name"], on_it)
 
 
 def test_the_validator_checked_the_driver_toolkit_cuda_and_plugin(cluster: Cluster) -> None:
@@ -130,7 +154,7 @@ def test_a_gpu_pod_sees_its_gpus_through_nvidia_smi(cluster: Cluster) -> None:
 
     core: Any = client.CoreV1Api(cluster.api())
     probe = "nvidia-smi -L; echo visible: $NVIDIA_VISIBLE_DEVICES"
-    res = run_pod(core, pod_manifest("smi", ["sh", "-c", probe], gpus=2), timeout=120)
+    res = run_pod(core, on_a_real_node(pod_manifest("smi", ["sh", "-c", probe], gpus=2)), timeout=120)
     assert res.phase == "Succeeded", res.logs
     listed = [ln.split("UUID: ")[1].rstrip(")") for ln in res.logs.splitlines() if ln.startswith("GPU ")]
     visible = next(ln for ln in res.logs.splitlines() if ln.startswith("visible:")).split()[1].split(",")
@@ -159,7 +183,7 @@ def test_an_upgrade_rolls_the_device_plugin_node_by_node_and_leaves_gpu_pods_alo
     from kubernetes import client
 
     core: Any = client.CoreV1Api(cluster.api())
-    core.create_namespaced_pod("default", pod_manifest("steady", ["sh", "-c", "sleep 3600"], gpus=1))
+    core.create_namespaced_pod("default", on_a_real_node(pod_manifest("steady", ["sh", "-c", "sleep 3600"], gpus=1)))
     try:
         before = wait_for("pod steady Running", lambda: running_pod(core, "steady"), 90)
         bins = binaries.cached()
@@ -174,9 +198,10 @@ def test_an_upgrade_rolls_the_device_plugin_node_by_node_and_leaves_gpu_pods_alo
         done = threading.Event()
 
         def watch() -> None:
+            real = {n.name for n in cluster.nodes}
             while not done.is_set():
                 plugins = pods(cluster, "app=nvidia-device-plugin-daemonset")
-                up = {p["spec"]["nodeName"] for p in plugins if running(p)}
+                up = {p["spec"]["nodeName"] for p in plugins if running(p)} & real
                 state = (install.cluster_policy(cluster).get("status") or {}).get("state", "")
                 seen.append((state, len(cluster.nodes) - len(up)))
                 time.sleep(0.2)
@@ -194,6 +219,7 @@ def test_an_upgrade_rolls_the_device_plugin_node_by_node_and_leaves_gpu_pods_alo
 
             def rolled() -> bool:
                 plugins = [p for p in pods(cluster, "app=nvidia-device-plugin-daemonset") if running(p)]
+                plugins = [p for p in plugins if p["spec"]["nodeName"] in {n.name for n in cluster.nodes}]
                 images_now = {p["spec"]["containers"][0]["image"] for p in plugins}
                 return len(plugins) == len(cluster.nodes) and images_now == {new} and install.policy_ready(cluster)
 
@@ -212,6 +238,15 @@ def test_an_upgrade_rolls_the_device_plugin_node_by_node_and_leaves_gpu_pods_alo
         assert len([ln for ln in smi.splitlines() if ln.startswith("GPU ")]) == 1, smi
     finally:
         core.delete_namespaced_pod("steady", "default", grace_period_seconds=0)
+
+
+def on_a_real_node(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The pod kept off KWOK's nodes (where it would only seem to run)."""
+    term = {"matchExpressions": [{"key": VIRTUAL_LABEL, "operator": "DoesNotExist"}]}
+    manifest["spec"]["affinity"] = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    }
+    return manifest
 
 
 def running_pod(core: Any, name: str) -> Any:

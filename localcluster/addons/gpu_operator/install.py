@@ -11,6 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from fetch import dcgm_exporter, debcache, gotool
 from fetch import versions as tools
 from fetch.kube import gpu_operator as build
@@ -109,8 +111,24 @@ class GpuOperator(AddOn):
 
 
 def install(ctx: Context, helm: Path, chart: Path, mig_strategy: str) -> None:
-    """``helm install`` of ``chart`` with the shipped values and ``mig.strategy``."""
-    _helm(ctx, helm, "install", chart, "--create-namespace", "-f", str(VALUES), "--set", f"mig.strategy={mig_strategy}")
+    """``helm install`` of ``chart`` with the shipped values and ``mig.strategy``; on a cluster
+    with virtual nodes also :func:`off_virtual_nodes` (written to ``DIR/gpu-operator-values.yaml``)."""
+    args = ["--create-namespace", "-f", str(VALUES), "--set", f"mig.strategy={mig_strategy}"]
+    if ctx.state.virtual:
+        extra = ctx.layout.base / "gpu-operator-values.yaml"
+        extra.write_text(yaml.safe_dump(off_virtual_nodes(), sort_keys=False))
+        args += ["-f", str(extra)]
+    _helm(ctx, helm, "install", chart, *args)
+
+
+def off_virtual_nodes() -> dict[str, Any]:
+    """Values that keep the operator and NFD's master and garbage collector (Deployments, which
+    must really run) off KWOK's nodes, whose pods only seem to run; the operator's DaemonSets
+    and NFD's workers still go there, as onto any GPU node."""
+    term = {"matchExpressions": [{"key": "type", "operator": "NotIn", "values": ["kwok"]}]}
+    real = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    nfd = {"master": {"affinity": real}, "gc": {"affinity": real}}
+    return {"operator": {"affinity": real}, "node-feature-discovery": nfd}
 
 
 def upgrade(ctx: Context, helm: Path, chart: Path, settings: dict[str, str]) -> None:
