@@ -156,10 +156,7 @@ class Node:
             f.write_text(host_sysctls[key] + "\n")
             binds.append([str(f), f"/proc/sys/{key}"])
         sys_binds, links = gpustack.namespace_entries(layout)
-        # The GPU Operator's validator and operands mount the host's / with HostToContainer: the
-        # whole namespace shared, as systemd makes a host's.
-        shared = ["/"] if self.ctx.options.get("gpu_operator") else ["/var/lib/kubelet", MOKKA_ROOT]
-        view = {"binds": binds + sys_binds, "links": links, "shared": shared}
+        view = {"binds": binds + sys_binds, "links": links, "shared": ["/"]}
         self.record["namespace_inode"] = self.ctx.processes.start_holder(
             self.proc_name("namespace"), view, layout.ns, layout.logs
         )

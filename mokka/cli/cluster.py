@@ -344,6 +344,31 @@ def bench_dra(rounds: int) -> None:
         fail(f"{exc}, mokka bench dra")
 
 
+@bench.command("gpu-operator")
+@click.option(
+    "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
+)
+@click.option(
+    "--virtual",
+    "counts",
+    type=click.IntRange(0, 10000),
+    multiple=True,
+    metavar="N",
+    help="Virtual nodes of --profile beside the real one, a cluster per N (repeat it; default 0, 100 and 1000).",
+)
+def bench_gpu_operator(profile_name: str, counts: tuple[int, ...]) -> None:
+    """NVIDIA's GPU Operator on one real node and N virtual ones: helm install → every operand Ready and the
+    ClusterPolicy Reconciled; the operator's CPU and RSS until then and over a quiet minute after."""
+    from bench import gpu_operator as bench_gpu_operator
+    from localcluster.cluster import ClusterError
+
+    load_profile(profile_name, None)
+    try:
+        bench_gpu_operator.run(profile_name, counts or bench_gpu_operator.COUNTS)
+    except ClusterError as exc:
+        fail(f"{exc}, mokka bench gpu-operator")
+
+
 @bench.command("cluster")
 @click.option(
     "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."

@@ -63,6 +63,24 @@ class Inputs:
         self.mig_manager = mig_manager
         self.cache = cache
 
+    @classmethod
+    def cached(cls, cache: Path) -> Inputs:
+        """Every input from the cache, as ``mokka cluster up --gpu-operator`` (or ``.ci/setup
+        --tests``) built it, and the user's MIG manager."""
+        from fetch import nvidia_smi
+        from fetch.kube import binaries
+        from fetch.kube import gpu_operator as build
+
+        from . import mig_manager
+
+        bins, built = binaries.cached(cache), build.cached(cache)
+        if bins is None or built is None:
+            raise ImageError(
+                f"the GPU Operator's builds are not in {cache}: `mokka cluster up --gpu-operator` makes them"
+            )
+        smi = nvidia_smi.fetch("550", cache)
+        return cls(built.operator, built.nfd, built.device_plugin, bins["kubectl"], smi, mig_manager(cache), cache)
+
 
 def _copy(src: Path, root: Path, dest: str, mode: int = 0o755) -> None:
     target = root / dest.lstrip("/")

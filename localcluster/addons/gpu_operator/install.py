@@ -8,6 +8,7 @@ node, every node's GPUs allocatable through the operator's device plugin and GFD
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +39,21 @@ if TYPE_CHECKING:
     from ...context import Context
     from ...node import Node
 
-__all__ = ["GpuOperator", "cluster_policy", "install", "missing", "policy_ready", "unready", "upgrade", "validations"]
+__all__ = [
+    "GpuOperator",
+    "cluster_policy",
+    "import_images",
+    "install",
+    "missing",
+    "policy_ready",
+    "served",
+    "unready",
+    "upgrade",
+    "validations",
+]
 
 POLICY = "cluster-policy"  # the ClusterPolicy the chart creates
+INSTALL_TO_READY = "gpu-operator: helm install -> every operand Ready, ClusterPolicy Reconciled"
 GFD_LABEL = "nvidia.com/gpu.product"
 MIG_MANAGER_LABEL = "nvidia.com/gpu.deploy.mig-manager"
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
@@ -74,7 +87,6 @@ class GpuOperator(AddOn):
     def up(self, ctx: Context, kit: Kit) -> None:
         assert self.helm is not None and self.built is not None, "fetch comes first"
         cache = ctx.cache or debcache.default_cache()
-        names = image_names(values())
         with ctx.step(f"GPU Operator {versions.GPU_OPERATOR_RELEASE}: its images on every node"):
             inputs = images.Inputs(
                 operator=self.built.operator,
@@ -85,29 +97,42 @@ class GpuOperator(AddOn):
                 mig_manager=mig_manager(cache),
                 cache=cache,
             )
-            try:
-                for tarball in images.build_all(inputs, names, ctx.layout.images):
-                    ctx.import_image(tarball)
-                    tarball.unlink()
-            except (images.ImageError, GpuOperatorUnavailable) as exc:
-                raise ClusterError(f"--gpu-operator: {exc}") from None
+            import_images(ctx, inputs)
             ctx.each("NFD feature file", lambda n: write_feature_file(ctx, n))
+        t0 = time.monotonic()
         with ctx.step(f"GPU Operator: helm install (values {VALUES.name}, mig.strategy={self.mig_strategy})"):
             install(ctx, self.helm, self.built.chart, self.mig_strategy)
         with ctx.step("GPU Operator: NFD's and GFD's labels, the operands Ready, ClusterPolicy ready (Reconciled)"):
-            # GFD writes its labels into features.d; NFD's worker takes them up on its next pass (a
-            # minute); a MIG-capable product then brings the MIG manager.
-            ctx.wait_each("GFD's labels (through NFD)", lambda n: GFD_LABEL in n.labels(), timeout=READY_TIMEOUT)
-            ctx.wait_each("the operator's labels", lambda n: labelled(n.labels()), timeout=READY_TIMEOUT)
-            ctx.wait("every operand Ready", lambda: not unready(ctx), timeout=READY_TIMEOUT)
-            ctx.wait("ClusterPolicy ready, reason Reconciled", lambda: policy_ready(ctx), timeout=READY_TIMEOUT)
-            ctx.wait_each("the validator's status files", lambda n: not missing(n), timeout=READY_TIMEOUT)
-            wants = {n.name: gpustack.expected_allocatable(ctx.profiles[n.name], self.mig_strategy) for n in ctx.nodes}
-            ctx.wait_each(
-                "allocatable GPUs (the operator's device plugin)",
-                lambda n: all(n.allocatable(k) == v for k, v in wants[n.name].items()),
-                timeout=READY_TIMEOUT,
-            )
+            served(ctx, self.mig_strategy, t0)
+
+
+def import_images(ctx: Context, inputs: images.Inputs) -> None:
+    """Every image the shipped values name, built and imported into every node."""
+    try:
+        for tarball in images.build_all(inputs, image_names(values()), ctx.layout.images):
+            ctx.import_image(tarball)
+            tarball.unlink()
+    except (images.ImageError, GpuOperatorUnavailable) as exc:
+        raise ClusterError(f"--gpu-operator: {exc}") from None
+
+
+def served(ctx: Context, mig_strategy: str, since: float) -> None:
+    """Wait until the operator serves every real node (see the module); the time from ``since``
+    (the install) to the policy's ready is kept in the cluster's timings."""
+    # GFD writes its labels into features.d; NFD's worker takes them up on its next pass (a
+    # minute); a MIG-capable product then brings the MIG manager.
+    ctx.wait_each("GFD's labels (through NFD)", lambda n: GFD_LABEL in n.labels(), timeout=READY_TIMEOUT)
+    ctx.wait_each("the operator's labels", lambda n: labelled(n.labels()), timeout=READY_TIMEOUT)
+    ctx.wait("every operand Ready", lambda: not unready(ctx), timeout=READY_TIMEOUT)
+    ctx.wait("ClusterPolicy ready, reason Reconciled", lambda: policy_ready(ctx), timeout=READY_TIMEOUT)
+    ctx.state.timings[INSTALL_TO_READY] = round(time.monotonic() - since, 2)
+    ctx.wait_each("the validator's status files", lambda n: not missing(n), timeout=READY_TIMEOUT)
+    wants = {n.name: gpustack.expected_allocatable(ctx.profiles[n.name], mig_strategy) for n in ctx.nodes}
+    ctx.wait_each(
+        "allocatable GPUs (the operator's device plugin)",
+        lambda n: all(n.allocatable(k) == v for k, v in wants[n.name].items()),
+        timeout=READY_TIMEOUT,
+    )
 
 
 def install(ctx: Context, helm: Path, chart: Path, mig_strategy: str) -> None:

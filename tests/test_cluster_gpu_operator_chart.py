@@ -1,0 +1,96 @@
+"""NVIDIA's GPU Operator over Mokka's chart, as the README tells a user to run it on a cluster of
+their own: Mokka's chart (its DaemonSet from Mokka's node image) stages each node at
+/var/lib/mokka, runs the NRI plugin with ``plugin.allocator=external`` and writes the NFD feature
+file; the operator's images are on the nodes (``mokka gpu-operator images``); the operator's chart
+is installed with Mokka's values file alone. The cluster runs no GPU stack of its own (and its
+containerd already has the ``nvidia`` handler ``containerdConfig.install`` adds on a real node)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_fixtures import install_chart, pod_manifest, run_pod, start_cluster, wait_for
+
+from fetch import dcgm_exporter, debcache, prepare, thirdparty, versions
+from fetch.kube import gpu_operator as build
+from localcluster.addons import gpu_operator
+from localcluster.addons.gpu_operator import install
+from localcluster.cluster import Cluster
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        thirdparty.directory(gpu_operator.MIG_PARTED_ENV, "mig-parted") is None or dcgm_exporter.directory() is None,
+        reason=f"no MIG manager (../shared/thirdparty/mig-parted or ${gpu_operator.MIG_PARTED_ENV}) or dcgm-exporter",
+    ),
+]
+
+MOKKA_NS = "mokka-system"
+GPUS = 2
+# What the README gives for Mokka's chart under the GPU Operator (containerdConfig.install aside).
+MOKKA_VALUES = {"gpu": {"profile": "h100", "count": GPUS}, "plugin": {"allocator": "external"}}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    base = tmp_path_factory.mktemp("gpu-operator-chart")
+    with start_cluster(base, profile="h100", gpus=GPUS, allocator="none", nri_plugin=False) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    mokka = install_chart(cluster, MOKKA_NS, MOKKA_VALUES, tmp_path_factory.mktemp("mokka-chart"))
+
+    def staged() -> bool:
+        ds = json.loads(cluster.kubectl("get", "daemonset", "-n", MOKKA_NS, "-o", "json").stdout)["items"]
+        return bool(ds) and ds[0]["status"].get("numberReady", 0) == 1
+
+    wait_for("Mokka's DaemonSet Ready (the node staged at /var/lib/mokka)", staged, 180)
+    out = tmp_path_factory.mktemp("gpu-operator-images")
+    made = subprocess.run(
+        [sys.executable, "-m", "mokka.cli", "gpu-operator", "images", "--out", str(out)],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert len(made) == len(gpu_operator.image_names(gpu_operator.values())) - 1, made  # gfd: the plugin's image
+    for line in made:
+        cluster.import_image(Path(line.split()[0]))
+    built = build.cached(debcache.default_cache())
+    assert built is not None
+    t0 = time.monotonic()
+    install.install(cluster, prepare.go_binary(versions.HELM), built.chart, mig_strategy="single")  # the chart's
+    install.served(cluster, "single", t0)
+    yield cluster
+    cluster.kubectl("delete", "namespace", gpu_operator.NAMESPACE, "--wait=false", check=False)
+    cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input=mokka, check=False)
+
+
+def test_the_policy_is_reconciled_on_the_node_mokkas_chart_staged(installed: Cluster) -> None:
+    assert install.policy_ready(installed)
+    node = installed.node()
+    assert install.missing(node) == []
+    driver = dict(
+        line.split("=", 1) for line in (install.validations(node) / "driver-ready").read_text().splitlines() if line
+    )
+    assert driver["NVIDIA_DRIVER_ROOT"] == "/var/lib/mokka/driver"  # the chart's staged root
+    labels = node.labels()
+    assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"  # from the chart's feature file
+    assert labels["nvidia.com/gpu.count"] == str(GPUS)  # the operator's GFD
+    assert node.allocatable() == GPUS  # the operator's device plugin
+
+
+def test_a_gpu_pod_gets_its_gpu_from_the_operators_device_plugin_and_mokkas_nri_plugin(installed: Cluster) -> None:
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(installed.api())
+    res = run_pod(core, pod_manifest("smi", ["sh", "-c", "nvidia-smi -L"], gpus=1), timeout=120)
+    assert res.phase == "Succeeded", res.logs
+    assert len([ln for ln in res.logs.splitlines() if ln.startswith("GPU ")]) == 1, res.logs
