@@ -2,12 +2,15 @@
 their own: Mokka's chart (its DaemonSet from Mokka's node image) stages each node at
 /var/lib/mokka, runs the NRI plugin with ``plugin.allocator=external`` and writes the NFD feature
 file; the operator's images are on the nodes (``mokka gpu-operator images``); the operator's chart
-is installed with Mokka's values file alone. The cluster runs no GPU stack of its own (and its
-containerd already has the ``nvidia`` handler ``containerdConfig.install`` adds on a real node)."""
+is installed with Mokka's values file alone. The operator is the user's own
+(``MOKKA_GPU_OPERATOR_DIR``). The cluster runs no GPU stack of its own (and its containerd already
+has the ``nvidia`` handler ``containerdConfig.install`` adds on a real node)."""
 
 from __future__ import annotations
 
 import json
+import lzma
+import shutil
 import subprocess
 import sys
 import time
@@ -34,6 +37,7 @@ pytestmark = [
 ]
 
 MOKKA_NS = "mokka-system"
+USERS_CHART = "v25.3.4-user.1"
 GPUS = 2
 # What the README gives for Mokka's chart under the GPU Operator (containerdConfig.install aside).
 MOKKA_VALUES = {"gpu": {"profile": "h100", "count": GPUS}, "plugin": {"allocator": "external"}}
@@ -47,7 +51,25 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def installed(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def users_operator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A user's own GPU Operator in ``MOKKA_GPU_OPERATOR_DIR``: here the built one repackaged as a
+    user brings it (its programs xz-compressed, its chart marked as theirs)."""
+    built = build.cached(debcache.default_cache())
+    assert built is not None
+    user = tmp_path_factory.mktemp("users-operator")
+    for name in ("chart", "assets", "manifests"):
+        shutil.copytree(built.operator / name, user / name, symlinks=True)
+    chart = user / "chart" / "Chart.yaml"
+    chart.write_text(chart.read_text().replace("version: v1.0.0-devel", f"version: {USERS_CHART}"))
+    for program in gpu_operator.OPERATOR_PROGRAMS:
+        (user / f"{program}.xz").write_bytes(lzma.compress((built.operator / program).read_bytes(), preset=0))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(gpu_operator.OPERATOR_ENV, str(user))
+        yield user
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster, users_operator: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     mokka = install_chart(cluster, MOKKA_NS, MOKKA_VALUES, tmp_path_factory.mktemp("mokka-chart"))
 
     def staged() -> bool:
@@ -63,10 +85,12 @@ def installed(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     assert len(made) == len(gpu_operator.image_names(gpu_operator.values())) - 1, made  # gfd: the plugin's image
     for line in made:
         cluster.import_image(Path(line.split()[0]))
-    built = build.cached(debcache.default_cache())
+    cache = debcache.default_cache()
+    built = build.cached(cache)
     assert built is not None
+    chart = gpu_operator.operator(built, cache).chart  # the user's
     t0 = time.monotonic()
-    install.install(cluster, prepare.go_binary(versions.HELM), built.chart, mig_strategy="single")  # the chart's
+    install.install(cluster, prepare.go_binary(versions.HELM), chart, mig_strategy="single")  # the chart's default
     install.served(cluster, "single", t0)
     yield cluster
     cluster.kubectl("delete", "namespace", gpu_operator.NAMESPACE, "--wait=false", check=False)
@@ -85,6 +109,14 @@ def test_the_policy_is_reconciled_on_the_node_mokkas_chart_staged(installed: Clu
     assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"  # from the chart's feature file
     assert labels["nvidia.com/gpu.count"] == str(GPUS)  # the operator's GFD
     assert node.allocatable() == GPUS  # the operator's device plugin
+
+
+def test_the_users_own_operator_is_the_one_installed(installed: Cluster) -> None:
+    """MOKKA_GPU_OPERATOR_DIR: its chart installed (the release's chart label), its programs in the
+    operator's image, with Mokka's values unchanged."""
+    deployment = installed.get(f"/apis/apps/v1/namespaces/{gpu_operator.NAMESPACE}/deployments/gpu-operator")
+    assert deployment["metadata"]["labels"]["helm.sh/chart"] == f"gpu-operator-{USERS_CHART}"
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":v25.3.4")  # the values' pin
 
 
 def test_a_gpu_pod_gets_its_gpu_from_the_operators_device_plugin_and_mokkas_nri_plugin(installed: Cluster) -> None:

@@ -10,26 +10,32 @@ What the operator and its chart need and no registry serves is built here: the o
 validator, NFD, the device plugin and GFD from the Go module proxy (:mod:`fetch.kube.gpu_operator`,
 :mod:`fetch.kube.binaries`); dcgm-exporter and NVIDIA's MIG manager from the user's builds
 (``$MOKKA_DCGM_DIR``, :data:`MIG_PARTED_ENV`, else beside a checkout in ``../shared/thirdparty``).
+A user's own operator (another release, a branch) replaces the built one where :data:`OPERATOR_ENV`
+names it (:func:`operator`).
 :mod:`.images` makes their images; :mod:`.install` brings it up and says when it serves.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from fetch import thirdparty
+from fetch.kube import gpu_operator as build
 
 __all__ = [
     "MIG_PARTED_ENV",
     "NAMESPACE",
+    "OPERATOR_ENV",
     "RELEASE",
     "VALUES",
     "GpuOperatorUnavailable",
     "image_names",
     "mig_manager",
+    "operator",
     "values",
 ]
 
@@ -37,6 +43,9 @@ NAMESPACE = "gpu-operator"  # the chart's usual release namespace
 RELEASE = "gpu-operator"
 VALUES = Path(__file__).resolve().parent / "values.yaml"
 MIG_PARTED_ENV = "MOKKA_MIG_PARTED_DIR"
+OPERATOR_ENV = "MOKKA_GPU_OPERATOR_DIR"  # a user's own GPU Operator (chart and programs)
+OPERATOR_PROGRAMS = ("gpu-operator", "validator")
+WORKLOAD_MANIFESTS = ("cuda-workload-validation.yaml", "plugin-workload-validation.yaml")
 MIG_PROGRAMS = ("nvidia-mig-manager", "nvidia-mig-parted")
 MIG_SCRIPT = "reconfigure-mig.sh"  # the manager runs it for every change of nvidia.com/mig.config
 # The images the values pin (values key; gfd runs the device plugin's image).
@@ -68,6 +77,36 @@ def image_names(vals: dict[str, Any]) -> dict[str, str]:
     if names["gfd"] != names["devicePlugin"]:
         raise GpuOperatorUnavailable(f"{VALUES}: gfd and devicePlugin must name one image (NVIDIA's holds both)")
     return names
+
+
+def operator(built: build.Operator, cache: Path) -> build.Operator:
+    """The operator to run: the one built from the Go module proxy, or the user's own where
+    :data:`OPERATOR_ENV` names its directory (its ``chart/``, ``assets/`` and ``manifests/``, the
+    programs ``gpu-operator`` and ``validator``, plain or ``.xz``, and optionally the validator's
+    workload manifests) — the same shipped values, the same operands, only the operator changes.
+    The user's pieces are gathered in the cache under the build's names."""
+    src = os.environ.get(OPERATOR_ENV)
+    if not src:
+        return built
+    root = Path(src)
+    missing = [d for d in ("chart/Chart.yaml", "assets", "manifests/state-driver") if not (root / d).exists()]
+    if missing:
+        raise GpuOperatorUnavailable(
+            f"{OPERATOR_ENV}={root}: no {missing[0]} (the operator's chart/ is its deployments/gpu-operator; "
+            "assets/ and manifests/ are the operator's own)"
+        )
+    try:
+        programs = thirdparty.unpacked(root, OPERATOR_PROGRAMS, cache / "gpu-operator-user")
+    except thirdparty.Missing as exc:
+        raise GpuOperatorUnavailable(f"{OPERATOR_ENV}={root}: {exc}") from None
+    gathered = programs[OPERATOR_PROGRAMS[0]].parent
+    for name in ("chart", "assets", "manifests", *WORKLOAD_MANIFESTS):
+        link = gathered / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        source = root / name if (root / name).exists() else built.operator / name  # the manifests: optional
+        link.symlink_to(source.absolute())
+    return build.Operator(gathered, built.nfd, built.device_plugin)
 
 
 def mig_manager(cache: Path) -> dict[str, Path]:

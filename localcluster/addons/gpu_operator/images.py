@@ -71,13 +71,14 @@ class Inputs:
         from fetch.kube import binaries
         from fetch.kube import gpu_operator as build
 
-        from . import mig_manager
+        from . import mig_manager, operator
 
         bins, built = binaries.cached(cache), build.cached(cache)
         if bins is None or built is None:
             raise ImageError(
                 f"the GPU Operator's builds are not in {cache}: `mokka cluster up --gpu-operator` makes them"
             )
+        built = operator(built, cache)  # the user's own, where MOKKA_GPU_OPERATOR_DIR names it
         smi = nvidia_smi.fetch("550", cache)
         return cls(built.operator, built.nfd, built.device_plugin, bins["kubectl"], smi, mig_manager(cache), cache)
 

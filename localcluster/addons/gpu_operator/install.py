@@ -32,6 +32,7 @@ from . import (
     image_names,
     images,
     mig_manager,
+    operator,
     values,
 )
 
@@ -83,6 +84,10 @@ class GpuOperator(AddOn):
     def fetch(self, cache: Path | None) -> None:
         self.helm = gotool.build(tools.HELM, cache) / "helm"
         self.built = build.ensure(cache)
+        try:
+            self.built = operator(self.built, cache or debcache.default_cache())
+        except GpuOperatorUnavailable as exc:
+            raise ClusterError(str(exc)) from None
 
     def up(self, ctx: Context, kit: Kit) -> None:
         assert self.helm is not None and self.built is not None, "fetch comes first"
