@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
+from fetch import dcgm_exporter, thirdparty
 from fetch.kube import binaries
-from localcluster.addons import nvidia_dra
+from localcluster.addons import gpu_operator, nvidia_dra
 from localcluster.cluster import Cluster, Options, leftovers
 from localcluster.images import WORKLOAD_IMAGE
 
@@ -33,6 +34,15 @@ SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/
 needs_nvidia_dra = pytest.mark.skipif(
     nvidia_dra.source_dir() is None,
     reason=f"no NVIDIA DRA driver (../shared/thirdparty/k8s-dra-driver-gpu or ${nvidia_dra.ENV_DIR})",
+)
+
+
+# NVIDIA's GPU Operator: the user's builds its chart runs beside the ones Mokka makes (NVIDIA's MIG
+# manager and dcgm-exporter), beside the checkout or where their variables say.
+needs_gpu_operator = pytest.mark.skipif(
+    thirdparty.directory(gpu_operator.MIG_PARTED_ENV, "mig-parted") is None or dcgm_exporter.directory() is None,
+    reason=f"no MIG manager (../shared/thirdparty/mig-parted or ${gpu_operator.MIG_PARTED_ENV}) or dcgm-exporter "
+    f"(../shared/thirdparty/dcgm or ${dcgm_exporter.ENV_DIR})",
 )
 
 

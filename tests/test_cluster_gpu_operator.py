@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_fixtures import pod_manifest, run_pod, start_cluster, wait_for
+from cluster_fixtures import needs_gpu_operator, pod_manifest, run_pod, start_cluster, wait_for
 
-from fetch import dcgm_exporter, debcache, gotool, thirdparty
+from fetch import dcgm_exporter, debcache, gotool
 from fetch import versions as tools
 from fetch.kube import binaries
 from fetch.kube import gpu_operator as gpu_operator_build
@@ -30,15 +30,7 @@ from localcluster.addons.virtual import VIRTUAL_LABEL, VirtualSpec
 from localcluster.cluster import Cluster, ClusterError, Options
 from localcluster.nodespec import NodeSpec
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.slow,
-    # the user's builds the operator's chart runs: NVIDIA's MIG manager and dcgm-exporter
-    pytest.mark.skipif(
-        thirdparty.directory(gpu_operator.MIG_PARTED_ENV, "mig-parted") is None or dcgm_exporter.directory() is None,
-        reason=f"no MIG manager (../shared/thirdparty/mig-parted or ${gpu_operator.MIG_PARTED_ENV}) or dcgm-exporter",
-    ),
-]
+pytestmark = [pytest.mark.root, pytest.mark.slow, needs_gpu_operator]
 
 NS = gpu_operator.NAMESPACE
 VIRTUAL = 3  # KWOK's nodes of an H100 pool beside the real ones

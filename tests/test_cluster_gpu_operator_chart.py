@@ -19,22 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_fixtures import install_chart, pod_manifest, run_pod, start_cluster, wait_for
+from cluster_fixtures import install_chart, needs_gpu_operator, pod_manifest, run_pod, start_cluster, wait_for
 
-from fetch import dcgm_exporter, debcache, prepare, thirdparty, versions
+from fetch import debcache, prepare, versions
 from fetch.kube import gpu_operator as build
 from localcluster.addons import gpu_operator
 from localcluster.addons.gpu_operator import install
 from localcluster.cluster import Cluster
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        thirdparty.directory(gpu_operator.MIG_PARTED_ENV, "mig-parted") is None or dcgm_exporter.directory() is None,
-        reason=f"no MIG manager (../shared/thirdparty/mig-parted or ${gpu_operator.MIG_PARTED_ENV}) or dcgm-exporter",
-    ),
-]
+pytestmark = [pytest.mark.root, pytest.mark.slow, needs_gpu_operator]
 
 MOKKA_NS = "mokka-system"
 USERS_CHART = "v25.3.4-user.1"
