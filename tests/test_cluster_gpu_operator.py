@@ -216,13 +216,17 @@ def test_an_upgrade_rolls_the_device_plugin_node_by_node_and_leaves_gpu_pods_alo
                 return len(plugins) == len(cluster.nodes) and images_now == {new} and install.policy_ready(cluster)
 
             wait_for("every node's device plugin upgraded, the policy ready again", rolled, 240)
+            # the new plugin registers with the kubelet a moment after its pod is Ready
+            wait_for(
+                "every GPU allocatable again",
+                lambda: all(allocatable_as_profiled(cluster, n) for n in cluster.nodes),
+                60,
+            )
         finally:
             done.set()
             watcher.join(timeout=10)
         assert any(state == "notReady" for state, _ in seen), sorted(set(seen))
         assert max(down for _, down in seen) == 1, sorted(set(seen))  # node by node
-        for n in cluster.nodes:
-            assert n.allocatable() == cluster.profiles[n.name].gpu_count, n.name
         after = core.read_namespaced_pod("steady", "default")
         assert after.metadata.uid == before.metadata.uid and after.status.phase == "Running"
         assert after.status.container_statuses[0].restart_count == 0
@@ -239,6 +243,10 @@ def on_a_real_node(manifest: dict[str, Any]) -> dict[str, Any]:
         "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
     }
     return manifest
+
+
+def allocatable_as_profiled(cluster: Cluster, n: Any) -> bool:
+    return bool(n.allocatable() == cluster.profiles[n.name].gpu_count)
 
 
 def running_pod(core: Any, name: str) -> Any:
@@ -259,6 +267,7 @@ def test_the_operators_dcgm_exporter_serves_every_gpu_and_an_injected_xid(cluste
         temps = samples(n.name, "DCGM_FI_DEV_GPU_TEMP")
         assert sorted(temps, key=int) == [str(i) for i in range(cluster.profiles[n.name].gpu_count)], (n.name, temps)
     n = cluster.nodes[0]
+    wait_for("every GPU of the node allocatable", lambda: allocatable_as_profiled(cluster, n), 60)
     before = n.allocatable()
     fault = [sys.executable, "-m", "mokka.cli", "fault", "xid", "79", "--gpu", "1", "--root", str(n.layout.node_root)]
     subprocess.run(fault, check=True, capture_output=True)
