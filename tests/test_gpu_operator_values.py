@@ -49,6 +49,7 @@ def test_every_setting_says_why() -> None:
 
 def _users_dir(tmp_path: Path) -> Path:
     user = tmp_path / "op"
+    user.mkdir(parents=True)
     for d in ("chart", "assets", "manifests/state-driver"):
         (user / d).mkdir(parents=True)
     (user / "chart" / "Chart.yaml").write_text("name: gpu-operator\n")
@@ -64,6 +65,10 @@ def test_a_users_operator_replaces_the_built_one(tmp_path: Path, monkeypatch: py
     assert (mine.chart / "Chart.yaml").read_text() == "name: gpu-operator\n"
     assert all((mine.operator / p).is_file() for p in gpu_operator.OPERATOR_PROGRAMS)
     assert (mine.nfd, mine.device_plugin) == (built.nfd, built.device_plugin)  # only the operator changes
+    another = _users_dir(tmp_path / "another")
+    monkeypatch.setenv(gpu_operator.OPERATOR_ENV, str(another))
+    theirs = gpu_operator.operator(built, tmp_path / "cache")
+    assert [d.name for d in (tmp_path / "cache" / "gpu-operator-user").iterdir()] == [theirs.operator.name]
     monkeypatch.delenv(gpu_operator.OPERATOR_ENV)
     assert gpu_operator.operator(built, tmp_path / "cache") is built
 

@@ -18,6 +18,7 @@ names it (:func:`operator`).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,9 @@ def operator(built: build.Operator, cache: Path) -> build.Operator:
     except thirdparty.Missing as exc:
         raise GpuOperatorUnavailable(f"{OPERATOR_ENV}={root}: {exc}") from None
     gathered = programs[OPERATOR_PROGRAMS[0]].parent
+    for other in gathered.parent.iterdir():  # one user's operator at a time: earlier ones go
+        if other != gathered and not other.name.startswith("."):
+            shutil.rmtree(other, ignore_errors=True)
     for name in ("chart", "assets", "manifests", *WORKLOAD_MANIFESTS):
         link = gathered / name
         if link.is_symlink() or link.exists():
