@@ -12,11 +12,12 @@ Nothing asserts on the figures; the issue that asked for them set no target.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from bench.cluster import _row, _rss_mib
 from localcluster.addons.gpu_operator.install import INSTALL_TO_READY
@@ -25,26 +26,20 @@ from localcluster.cluster import Cluster, ClusterError, Options
 
 COUNTS = (0, 100, 1000)
 QUIET_S = 60.0
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def operator_pid() -> int | None:
     """The operator's process (its pod's ``gpu-operator --leader-elect ...``)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and Path(argv[0].decode(errors="replace")).name == "gpu-operator" and b"--leader-elect" in argv:
-            return int(entry.name)
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if argv and Path(argv[0]).name == "gpu-operator" and "--leader-elect" in argv:
+            return int(proc.pid)
     return None
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
 
 
 def one(base: Path, profile: str, count: int) -> dict[str, Any]:

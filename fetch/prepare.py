@@ -169,8 +169,8 @@ ITEMS: tuple[Item, ...] = (
         tests=True,
     ),
     Item(
-        f"NVIDIA's GPU Operator {kube_versions.GPU_OPERATOR_RELEASE} (operator, validator, chart) and NFD's image "
-        "build (Go)",
+        f"NVIDIA's GPU Operator {kube_versions.GPU_OPERATOR_RELEASE} (operator, validator, chart), NFD's image "
+        f"build and NVIDIA's device plugin and GFD {kube_versions.GPU_OPERATOR_DEVICE_PLUGIN} (Go)",
         "`mokka cluster up --gpu-operator` and its tests",
         lambda cache: gpu_operator.cached(cache) is not None,
         lambda cache: gpu_operator.ensure(cache).operator,

@@ -139,9 +139,11 @@ class Node:
         """The node's private mount namespace: its directories over kubelet's and containerd's host
         paths, private sysctl files, its GPUs' sysfs at the real /sys paths. With NVIDIA's DRA driver
         or the GPU Operator the staged node is at /var/lib/mokka, where Mokka's chart stages it, so
-        that NVIDIA's charts take the values they take on a real cluster. The kubelet's directory and /var/lib/mokka are
-        shared mounts, as on a systemd host: pods may mount them Bidirectional or HostToContainer
-        (NVIDIA's kubelet plugins do), which containerd allows from shared mounts only."""
+        that NVIDIA's charts take the values they take on a real cluster. Every mount of the
+        namespace is shared (with its own peers, never the host's), as systemd makes a host's:
+        pods may mount the kubelet's directory, /var/lib/mokka or / itself Bidirectional or
+        HostToContainer (NVIDIA's kubelet plugins and the GPU Operator's validator do), which
+        containerd allows from shared mounts only."""
         layout = self.layout
         staged_at_root = self.ctx.options.get("allocator") == "nvidia-dra" or bool(self.ctx.options.get("gpu_operator"))
         binds: list[list[str]] = []

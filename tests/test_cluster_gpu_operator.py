@@ -26,7 +26,7 @@ from fetch.kube import versions as kube_versions
 from gpumodel.nodelayout import NodeLayout
 from localcluster.addons import gpu_operator
 from localcluster.addons.gpu_operator import images, install
-from localcluster.addons.virtual import VIRTUAL_LABEL, VirtualSpec
+from localcluster.addons.virtual import VIRTUAL_LABEL, VirtualSpec, real_nodes_affinity
 from localcluster.cluster import Cluster, ClusterError, Options
 from localcluster.nodespec import NodeSpec
 
@@ -238,10 +238,7 @@ def test_an_upgrade_rolls_the_device_plugin_node_by_node_and_leaves_gpu_pods_alo
 
 def on_a_real_node(manifest: dict[str, Any]) -> dict[str, Any]:
     """The pod kept off KWOK's nodes (where it would only seem to run)."""
-    term = {"matchExpressions": [{"key": VIRTUAL_LABEL, "operator": "DoesNotExist"}]}
-    manifest["spec"]["affinity"] = {
-        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
-    }
+    manifest["spec"]["affinity"] = real_nodes_affinity()
     return manifest
 
 

@@ -19,6 +19,7 @@ from fetch import dcgm_exporter
 from ..errors import ClusterError
 from ..nodewatch import ready
 from .base import AddOn, Kit
+from .virtual import real_nodes_affinity
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -54,7 +55,7 @@ def build_image(out: Path, cache: Path, name: str = IMAGE, collectors: str | Non
         raise ExporterUnavailable(f"no default-counters.csv beside the exporter (${dcgm_exporter.ENV_DIR})")
     root = oci.make_rootfs(out / "dcgm-exporter-rootfs", programs=[exe], cache=cache)
     shutil.copy2(exe, root / "usr/bin/dcgm-exporter")
-    for path in (COUNTERS, collectors or COUNTERS):
+    for path in dict.fromkeys((COUNTERS, collectors or COUNTERS)):
         (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(counters, root / path.lstrip("/"))
     env = [oci.PATH_ENV, "NVIDIA_VISIBLE_DEVICES=all"]  # as NVIDIA's image: the runtime gives it the GPUs
@@ -96,15 +97,7 @@ def daemonset() -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "affinity": {
-                        "nodeAffinity": {
-                            "requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [
-                                    {"matchExpressions": [{"key": "type", "operator": "NotIn", "values": ["kwok"]}]}
-                                ]
-                            }
-                        }
-                    },
+                    "affinity": real_nodes_affinity(),
                     "containers": [container],
                     "volumes": [{"name": "pod-resources", "hostPath": {"path": POD_RESOURCES, "type": "Directory"}}],
                 },

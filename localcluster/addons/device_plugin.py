@@ -9,12 +9,14 @@ from typing import TYPE_CHECKING
 from fetch.kube import versions
 
 from .. import gpustack
+from ..processes import READY_TIMEOUT
 from .base import AddOn, Kit
 
 if TYPE_CHECKING:
     from ..context import Context
+    from ..node import Node
 
-__all__ = ["DevicePlugin"]
+__all__ = ["DevicePlugin", "wait_allocatable"]
 
 
 class DevicePlugin(AddOn):
@@ -34,5 +36,16 @@ class DevicePlugin(AddOn):
                     env=gpustack.nvml_env(n.layout),
                 ),
             )
-            wants = {n.name: gpustack.expected_allocatable(ctx.profiles[n.name], mig_strategy) for n in ctx.nodes}
-            ctx.wait_each("allocatable GPUs", lambda n: all(n.allocatable(k) == v for k, v in wants[n.name].items()))
+            wait_allocatable(ctx, mig_strategy)
+
+
+def wait_allocatable(
+    ctx: Context, mig_strategy: str, what: str = "allocatable GPUs", timeout: float = READY_TIMEOUT
+) -> None:
+    """Wait until every node advertises its profile's GPUs (or MIG devices) as allocatable."""
+    wants = {n.name: gpustack.expected_allocatable(ctx.profiles[n.name], mig_strategy) for n in ctx.nodes}
+
+    def advertised(n: Node) -> bool:
+        return all(n.allocatable(k) == v for k, v in wants[n.name].items())
+
+    ctx.wait_each(what, advertised, timeout=timeout)

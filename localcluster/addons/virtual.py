@@ -45,6 +45,7 @@ __all__ = [
     "VirtualSpec",
     "fault_effect",
     "node_body",
+    "real_nodes_affinity",
 ]
 
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
@@ -175,6 +176,13 @@ def node_body(pool: Pool, i: int) -> Json:
             "allocatable": {**NODE_RESOURCES, **pool.resources(name, allocatable=True)},
         },
     }
+
+
+def real_nodes_affinity() -> Json:
+    """A pod's affinity keeping it off KWOK's nodes (``type=kwok``, :func:`node_body`), where it
+    would only seem to run."""
+    term = {"matchExpressions": [{"key": "type", "operator": "NotIn", "values": ["kwok"]}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
 def fault_effect(kind: str, fields: Json) -> tuple[str, str]:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,29 +41,20 @@ class ImageError(RuntimeError):
     """An image cannot be built; the message names what is missing."""
 
 
+@dataclass(frozen=True)
 class Inputs:
     """Where each image's programs are: the operator's build (``operator``), NFD's image build
-    (``nfd``), the device plugin and GFD at the chart's version (``device_plugin``), ``kubectl``, ``nvidia_smi``
-    (whose libraries the validator needs), the user's MIG manager (``mig_manager``: program name ->
-    path) and the cache (dcgm-exporter's)."""
+    (``nfd``), the device plugin and GFD at the chart's version (``device_plugin``), ``kubectl``,
+    ``nvidia_smi`` (whose libraries the validator needs), the user's MIG manager (``mig_manager``:
+    program name -> path) and the cache (dcgm-exporter's)."""
 
-    def __init__(
-        self,
-        operator: Path,
-        nfd: Path,
-        device_plugin: Path,
-        kubectl: Path,
-        nvidia_smi: Path,
-        mig_manager: dict[str, Path],
-        cache: Path,
-    ) -> None:
-        self.operator = operator
-        self.nfd = nfd
-        self.device_plugin = device_plugin
-        self.kubectl = kubectl
-        self.nvidia_smi = nvidia_smi
-        self.mig_manager = mig_manager
-        self.cache = cache
+    operator: Path
+    nfd: Path
+    device_plugin: Path
+    kubectl: Path
+    nvidia_smi: Path
+    mig_manager: dict[str, Path]
+    cache: Path
 
     @classmethod
     def cached(cls, cache: Path) -> Inputs:
@@ -177,14 +170,19 @@ BUILDERS: dict[str, Callable[[Inputs, Path], dict[str, Any]]] = {
 }
 
 
-def build_device_plugin(build: Path, name: str, out: Path, cache: Path) -> Path:
-    """The device plugin's and GFD's image of another build (an operand upgrade), named ``name``."""
-    root = out / "devicePlugin-upgrade-rootfs"
+def _archive(out: Path, stem: str, name: str, make: Callable[[Path], dict[str, Any]]) -> Path:
+    """The OCI archive ``out/<stem>.tar`` named ``name`` of the root ``make`` fills (and configures)."""
+    root = out / f"{stem}-rootfs"
     shutil.rmtree(root, ignore_errors=True)
-    config = _device_plugin(build, root, cache)
-    archive = oci.oci_archive(root, out / "devicePlugin-upgrade.tar", name, **config)
+    config = make(root)
+    archive = oci.oci_archive(root, out / f"{stem}.tar", name, **config)
     shutil.rmtree(root)
     return archive
+
+
+def build_device_plugin(build: Path, name: str, out: Path, cache: Path) -> Path:
+    """The device plugin's and GFD's image of another build (an operand upgrade), named ``name``."""
+    return _archive(out, "devicePlugin-upgrade", name, lambda root: _device_plugin(build, root, cache))
 
 
 def build_all(inp: Inputs, names: dict[str, str], out: Path) -> Iterator[Path]:
@@ -192,12 +190,7 @@ def build_all(inp: Inputs, names: dict[str, str], out: Path) -> Iterator[Path]:
     removes it); ``names``: values key -> image reference. ``gfd`` shares the device plugin's
     image, as NVIDIA's; ``dcgmExporter`` is dcgm-exporter's image."""
     for key, make in BUILDERS.items():
-        root = out / f"{key}-rootfs"
-        shutil.rmtree(root, ignore_errors=True)
-        config = make(inp, root)
-        archive = oci.oci_archive(root, out / f"{key}.tar", names[key], **config)
-        shutil.rmtree(root)
-        yield archive
+        yield _archive(out, key, names[key], partial(make, inp))
     try:
         yield dcgm.build_image(out, inp.cache, names["dcgmExporter"], collectors=dcgm.OPERATOR_COLLECTORS)
     except dcgm.ExporterUnavailable as exc:

@@ -19,10 +19,12 @@ from fetch import versions as tools
 from fetch.kube import gpu_operator as build
 from fetch.kube import versions
 
-from ... import config, gpustack
+from ... import config
 from ...errors import ClusterError
 from ..base import AddOn, Kit
+from ..device_plugin import wait_allocatable
 from ..nfd import write_feature_file
+from ..virtual import real_nodes_affinity
 from . import (
     NAMESPACE,
     RELEASE,
@@ -132,12 +134,7 @@ def served(ctx: Context, mig_strategy: str, since: float) -> None:
     ctx.wait("ClusterPolicy ready, reason Reconciled", lambda: policy_ready(ctx), timeout=READY_TIMEOUT)
     ctx.state.timings[INSTALL_TO_READY] = round(time.monotonic() - since, 2)
     ctx.wait_each("the validator's status files", lambda n: not missing(n), timeout=READY_TIMEOUT)
-    wants = {n.name: gpustack.expected_allocatable(ctx.profiles[n.name], mig_strategy) for n in ctx.nodes}
-    ctx.wait_each(
-        "allocatable GPUs (the operator's device plugin)",
-        lambda n: all(n.allocatable(k) == v for k, v in wants[n.name].items()),
-        timeout=READY_TIMEOUT,
-    )
+    wait_allocatable(ctx, mig_strategy, "allocatable GPUs (the operator's device plugin)", timeout=READY_TIMEOUT)
 
 
 def install(ctx: Context, helm: Path, chart: Path, mig_strategy: str) -> None:
@@ -155,8 +152,7 @@ def off_virtual_nodes() -> dict[str, Any]:
     """Values that keep the operator and NFD's master and garbage collector (Deployments, which
     must really run) off KWOK's nodes, whose pods only seem to run; the operator's DaemonSets
     and NFD's workers still go there, as onto any GPU node."""
-    term = {"matchExpressions": [{"key": "type", "operator": "NotIn", "values": ["kwok"]}]}
-    real = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    real = real_nodes_affinity()
     nfd = {"master": {"affinity": real}, "gc": {"affinity": real}}
     return {"operator": {"affinity": real}, "node-feature-discovery": nfd}
 
