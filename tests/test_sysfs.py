@@ -488,6 +488,7 @@ def test_every_hook_redirects(probe: Path, shim: Path, tree: Callable[..., tuple
 def test_unset_root_changes_nothing(probe: Path, shim: Path, call: str) -> None:
     """Without MOKKA_SYSFS_ROOT every hook answers exactly as libc does."""
     paths = ["/sys/bus/pci/devices", "/proc/driver/nvidia/version", "/sys/module/nvidia/version", "/proc/self/exe"]
+    paths.append("/proc/modules")
     real = sorted(os.listdir("/sys/bus/pci/devices"))
     if real:
         paths += [f"/sys/bus/pci/devices/{real[0]}", f"/sys/bus/pci/devices/{real[0]}/vendor"]
@@ -509,6 +510,25 @@ def test_real_functions_reachable(probe: Path, shim: Path, tree: Callable[..., t
     assert run_probe(probe, shim, root, "realpath", f"/sys/bus/pci/devices/{real[0]}") == target
     assert run_probe(probe, shim, root, "open", "/sys/devices/system/cpu/online") == read(
         Path("/sys/devices/system/cpu/online")
+    )
+
+
+def test_nvidia_runtime_wrappers_see_the_mock_driver(shim: Path, tree: Callable[..., tuple[Profile, Path]]) -> None:
+    """NVIDIA's container toolkit installs its runtimes behind a shell wrapper that runs
+    ``cat /proc/modules | grep -e "^nvidia "`` and, when that fails (no driver loaded), runs runc
+    directly: with the shim the staged node's module list answers, as a GPU node's kernel does."""
+    _, root = tree("h100")
+    check = ["sh", "-c", 'cat /proc/modules | grep -e "^nvidia "']
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    shimmed = subprocess.run(check, env={**env, "LD_PRELOAD": str(shim), "MOKKA_SYSFS_ROOT": str(root)},
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert shimmed.returncode == 0 and shimmed.stdout.startswith("nvidia "), shimmed
+    assert shimmed.stdout == "".join(ln + "\n" for ln in (root / "proc/modules").read_text().splitlines()
+                                     if ln.startswith("nvidia "))  # fmt: skip
+    plain = subprocess.run(check, env={**env, "LD_PRELOAD": str(shim)}, capture_output=True, text=True, timeout=30)
+    real = Path("/proc/modules")
+    assert plain.stdout == (
+        "".join(ln + "\n" for ln in real.read_text().splitlines() if ln.startswith("nvidia ")) if real.exists() else ""
     )
 
 

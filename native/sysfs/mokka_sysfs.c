@@ -6,6 +6,8 @@
  *
  *     /sys/bus/pci...          /sys/devices/pci...        (the PCI tree: lspci, hwloc)
  *     /sys/module/nvidia...    /proc/driver/nvidia...     (the driver's footprint)
+ *     /proc/modules                                       (the loaded nvidia modules: NVIDIA's
+ *                                                          runtime wrappers check it with cat)
  *
  * go to <root><path> first (hostsetup/sysfs.py writes that tree). When the staged path does
  * not exist (ENOENT/ENOTDIR) the real path is tried, so the host's own PCI functions stay
@@ -150,7 +152,7 @@ static int redirected(const char *p) {
     }
     if (starts(p, "/proc/driver/nvidia", 19))
         return boundary(p[19], "-");
-    return 0;
+    return strcmp(p, "/proc/modules") == 0;
 }
 
 /* `path` under the root in `buf`, or NULL when it is not redirected (or too long). */
