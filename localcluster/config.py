@@ -25,7 +25,8 @@ PRIVATE_PATHS = {
     "/var/lib/kubelet": "kubelet",
     "/var/log/pods": "pods-logs",
     "/var/log/containers": "containers-logs",
-    "/run/containerd": "run-containerd",
+    "/run/containerd": "run-containerd",  # NodeLayout.containerd_run, which holds the socket
+    "/etc/containerd": "etc-containerd",  # the config (NVIDIA's toolkit adds a drop-in beside it)
     "/var/lib/cni": "cni-state",
     "/etc/cdi": "etc-cdi",
     "/var/run/cdi": "run-cdi",
@@ -35,6 +36,10 @@ PRIVATE_PATHS = {
     # each node's own.
     "/var/lib/mokka": "mokka-root",
     "/run/nvidia": "run-nvidia",
+    # What NVIDIA's container toolkit operand installs on a node: its programs, and the CRI-O hook
+    # directory its DaemonSet mounts (created by containerd when missing).
+    "/usr/local/nvidia": "usr-local-nvidia",
+    "/run/containers": "run-containers",
 }
 # Kubelet sets the first three for the whole machine (container manager's kernel tunables); the CNI
 # bridge plugin turns on IP forwarding when the bridge is the pods' gateway. In the namespace they
@@ -259,7 +264,7 @@ def containerd_config(node: NodeLayout, runc: Path, cni_bin: Path) -> dict[str, 
 
 
 def write_containerd_config(node: NodeLayout, runc: Path, cni_bin: Path) -> Path:
-    path = node.containerd / "config.toml"
+    path = node.containerd_config
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tomlkit.dumps(containerd_config(node, runc, cni_bin)))
     return path

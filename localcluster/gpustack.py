@@ -149,6 +149,17 @@ def nvml_env(layout: NodeLayout) -> dict[str, str]:
     return {"LD_LIBRARY_PATH": str(layout.driver_root / "usr" / "lib64")}
 
 
+def runtime_env(layout: NodeLayout) -> dict[str, str]:
+    """The environment of the node's container runtime: the staged node's procfs and sysfs files
+    at the real paths for the C programs it runs (Mokka's LD_PRELOAD redirect), as the kernel of
+    a GPU node shows them to every process there. NVIDIA's runtime wrappers (the toolkit operand's)
+    run ``cat /proc/modules`` and use runc directly when no nvidia module shows."""
+    shim = layout.node_root / "lib" / "libmokka-sysfs.so"
+    if not shim.is_file():
+        return {}
+    return {"LD_PRELOAD": str(shim), "MOKKA_SYSFS_ROOT": str(layout.node_root)}
+
+
 def gfd_argv(binary: Path, layout: NodeLayout, mig_strategy: str = "none") -> list[str]:
     return [
         str(binary),

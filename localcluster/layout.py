@@ -195,8 +195,21 @@ class NodeLayout:
         return self.cluster.kubeconfigs / f"kubelet-{self.name}.conf"
 
     @property
+    def containerd_run(self) -> Path:
+        """The node's /run/containerd (its namespace binds it there): the socket, shims' sockets."""
+        return self.base / "run"
+
+    @property
     def containerd_socket(self) -> Path:
-        return self.base / "containerd.sock"  # short: a unix socket path holds 108 bytes
+        """The node's /run/containerd/containerd.sock, where NVIDIA's toolkit finds it; this path
+        is short: a unix socket path holds 108 bytes."""
+        return self.containerd_run / "containerd.sock"
+
+    @property
+    def containerd_config(self) -> Path:
+        """The node's /etc/containerd/config.toml (its namespace binds the directory there), where
+        NVIDIA's toolkit adds its drop-in."""
+        return self.ns / "etc-containerd" / "config.toml"
 
     @property
     def cgroup_root(self) -> str:

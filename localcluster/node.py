@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -25,7 +26,7 @@ from fetch import containerd_dist
 from fetch.kube import versions
 from gpumodel import profile as profiles
 
-from . import cgroups, config, gpustack, process
+from . import cgroups, config, gpustack, process, supervise
 from .errors import ClusterError
 from .layout import MOKKA_ROOT, NodeLayout, NodePorts
 from .nodewatch import ready
@@ -148,9 +149,14 @@ class Node:
         staged_at_root = self.ctx.options.get("allocator") == "nvidia-dra" or bool(self.ctx.options.get("gpu_operator"))
         binds: list[list[str]] = []
         for host, private in config.PRIVATE_PATHS.items():
-            d = layout.ns / private
+            if host == "/run/containerd":
+                d = layout.containerd_run
+            elif staged_at_root and host == MOKKA_ROOT:
+                d = layout.node_root
+            else:
+                d = layout.ns / private
             d.mkdir(parents=True, exist_ok=True)
-            binds.append([str(layout.node_root if staged_at_root and host == MOKKA_ROOT else d), host])
+            binds.append([str(d), host])
         sysctl_dir = layout.ns / "sysctl"
         sysctl_dir.mkdir(parents=True, exist_ok=True)
         for key in config.SYSCTLS:
@@ -164,11 +170,13 @@ class Node:
         )
 
     def start_containerd(self, ctrd: Path) -> None:
-        self.spawn(
-            "containerd",
-            [str(ctrd / "containerd"), "--config", str(self.layout.containerd / "config.toml")],
-            env={"PATH": f"{ctrd}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
-        )
+        """containerd under :mod:`.supervise` (started again when it exits, as systemd does on a
+        node: NVIDIA's toolkit operand restarts it with SIGHUP), with the node's driver footprint
+        shown to the C programs it runs (:func:`gpustack.runtime_env`: NVIDIA's runtime wrappers
+        look for the nvidia module in /proc/modules)."""
+        containerd = [str(ctrd / "containerd"), "--config", str(self.layout.containerd_config)]
+        env = {"PATH": f"{ctrd}:{os.environ.get('PATH', '/usr/bin:/bin')}", **gpustack.runtime_env(self.layout)}
+        self.spawn("containerd", [sys.executable, "-m", supervise.__name__, *containerd], env=env)
 
     def containerd_up(self) -> bool:
         return self.layout.containerd_socket.exists() and self.ctr("version", check=False).returncode == 0
