@@ -170,7 +170,8 @@ ITEMS: tuple[Item, ...] = (
     ),
     Item(
         f"NVIDIA's GPU Operator {kube_versions.GPU_OPERATOR_RELEASE} (operator, validator, chart), NFD's image "
-        f"build and NVIDIA's device plugin and GFD {kube_versions.GPU_OPERATOR_DEVICE_PLUGIN} (Go)",
+        f"build, NVIDIA's device plugin and GFD {kube_versions.GPU_OPERATOR_DEVICE_PLUGIN} and container toolkit "
+        f"{kube_versions.CONTAINER_TOOLKIT} (Go)",
         "`mokka cluster up --gpu-operator` and its tests",
         lambda cache: gpu_operator.cached(cache) is not None,
         lambda cache: gpu_operator.ensure(cache).operator,

@@ -78,6 +78,7 @@ class Options:
     dcgm_exporter: bool = False  # NVIDIA's dcgm-exporter as a DaemonSet on the mock libdcgm (addons.dcgm)
     nfd: bool = False  # Node Feature Discovery's master and workers label the nodes (addons.nfd)
     gpu_operator: bool = False  # NVIDIA's GPU Operator from its chart deploys the GPU stack (addons.gpu_operator)
+    container_toolkit: bool = False  # with gpu_operator: its toolkit operand configures the nodes' containerd
 
     def specs(self) -> tuple[NodeSpec, ...]:
         return self.nodes or (NodeSpec(self.profile, self.gpus),)
@@ -94,7 +95,7 @@ class Options:
             # virtual nodes first: NFD's labels on them make them GPU nodes the operator serves too
             if self.virtual:
                 chosen.append(VirtualPools(self.virtual, self.mig_strategy, dra=False, nfd=True))
-            return [*chosen, GpuOperator(self.mig_strategy)]
+            return [*chosen, GpuOperator(self.mig_strategy, self.container_toolkit)]
         if self.runs_nfd:
             chosen.append(Nfd())
         if self.allocator == "device-plugin":
@@ -406,6 +407,8 @@ class Cluster(Context):
 
 
 def _check_choices(options: Options) -> None:
+    if options.container_toolkit and not options.gpu_operator:
+        raise ClusterError("--container-toolkit is the GPU Operator's toolkit operand: add --gpu-operator")
     if options.gpu_operator:
         clash = {
             "--allocator " + options.allocator: options.allocator != "device-plugin",

@@ -1,9 +1,11 @@
 """NVIDIA's GPU Operator on mock nodes (`mokka cluster up --gpu-operator`): its own Helm chart,
 installed by helm with the values Mokka ships, its operator and validator built from the Go module
 proxy, its operands real (NFD through the chart, NVIDIA's device plugin and GFD, dcgm-exporter, the
-MIG manager), the policy ready for the right reasons, and a GPU pod scheduled by the operator's
-device plugin seeing its GPUs. One cluster (an H100 node, whose product brings the MIG manager,
-and an L40S node) is shared by the tests that only read it."""
+MIG manager, the container toolkit), the policy ready for the right reasons, and a GPU pod
+scheduled by the operator's device plugin seeing its GPUs. One cluster (an H100 node, whose product
+brings the MIG manager, and an L40S node, with the toolkit operand on) is shared by the tests that
+only read it; Mokka's own runtime handler in the toolkit's place is tested on the chart's cluster
+(test_cluster_gpu_operator_chart.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cluster_fixtures import needs_gpu_operator, pod_manifest, run_pod, start_cluster, wait_for
 
 from fetch import dcgm_exporter, debcache, gotool
@@ -36,6 +39,7 @@ NS = gpu_operator.NAMESPACE
 VIRTUAL = 3  # KWOK's nodes of an H100 pool beside the real ones
 # The operator's DaemonSets every GPU node runs (the MIG manager only where the product is MIG-capable).
 OPERANDS = (
+    "nvidia-container-toolkit-daemonset",
     "nvidia-operator-validator",
     "nvidia-device-plugin-daemonset",
     "gpu-feature-discovery",
@@ -47,7 +51,8 @@ OPERANDS = (
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     nodes = (NodeSpec("h100", 2), NodeSpec("l40s", 1))
     virtual = (VirtualSpec.parse(f"h100:8={VIRTUAL}"),)
-    with start_cluster(tmp_path_factory.mktemp("gpu-operator"), nodes=nodes, virtual=virtual, gpu_operator=True) as c:
+    base = tmp_path_factory.mktemp("gpu-operator")
+    with start_cluster(base, nodes=nodes, virtual=virtual, gpu_operator=True, container_toolkit=True) as c:
         yield c
 
 
@@ -140,24 +145,94 @@ def test_allocatable_and_gfd_labels_are_the_profiles(cluster: Cluster) -> None:
         assert labels["nvidia.com/gpu.product"] == profile.gpu.name.replace(" ", "-")
 
 
-def test_a_gpu_pod_sees_its_gpus_through_nvidia_smi(cluster: Cluster) -> None:
-    """Scheduled by the operator's device plugin, which names them in NVIDIA_VISIBLE_DEVICES."""
+def test_a_gpu_pod_sees_the_gpu_it_was_given_through_nvidia_smi(cluster: Cluster) -> None:
+    """Scheduled by the operator's device plugin, which (CDI on, as the toolkit operand wants)
+    names the GPU in a CDI annotation of its own spec, NVIDIA_VISIBLE_DEVICES left ``void``."""
     from kubernetes import client
 
     core: Any = client.CoreV1Api(cluster.api())
     probe = "nvidia-smi -L; echo visible: $NVIDIA_VISIBLE_DEVICES"
-    res = run_pod(core, on_a_real_node(pod_manifest("smi", ["sh", "-c", probe], gpus=2)), timeout=120)
+    res = run_pod(core, on_a_real_node(pod_manifest("smi", ["sh", "-c", probe], gpus=1)), timeout=120)
     assert res.phase == "Succeeded", res.logs
     listed = [ln.split("UUID: ")[1].rstrip(")") for ln in res.logs.splitlines() if ln.startswith("GPU ")]
-    visible = next(ln for ln in res.logs.splitlines() if ln.startswith("visible:")).split()[1].split(",")
-    assert len(listed) == 2 and sorted(listed) == sorted(visible), res.logs
+    visible = next(ln for ln in res.logs.splitlines() if ln.startswith("visible:")).split()[1]
+    assert len(listed) == 1 and visible == "void", res.logs
     node = cluster.node(res.pod.spec.node_name)
     assert set(listed) <= {g.uuid for g in NodeLayout.load(node.layout.node_root).gpus}, res.logs
+
+
+TOOLKIT_RUNTIME = "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+# What the toolkit's installer reports it left out: libnvidia-container (the legacy mode's), whose
+# C source is not here. Anything else it ignored would be a failure.
+LEFT_OUT = ("libnvidia-container.so.1", "nvidia-container-cli")
+
+
+def test_the_toolkit_operand_installed_its_runtime_and_cdi_spec_on_every_node(cluster: Cluster) -> None:
+    """NVIDIA's installer configured each node's containerd (its runtime the ``nvidia`` handler and
+    the default, in CDI mode), which the node's supervisor started again after the installer's
+    SIGHUP, and wrote a CDI spec of the node's mock GPUs with nvidia-ctk over the mock NVML."""
+    import tomlkit
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(cluster.api())
+    toolkits = {p["spec"]["nodeName"]: p for p in pods(cluster, "app=nvidia-container-toolkit-daemonset")}
+    for n in cluster.nodes:
+        config = tomlkit.parse(n.layout.containerd_config.read_text()).unwrap()
+        cri = config["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]
+        assert cri["default_runtime_name"] == "nvidia", n.name
+        assert cri["runtimes"]["nvidia"]["options"]["BinaryName"] == TOOLKIT_RUNTIME, n.name
+        installed = n.layout.ns / "usr-local-nvidia" / "toolkit"
+        assert 'mode = "cdi"' in (installed / ".config/nvidia-container-runtime/config.toml").read_text()
+        assert "starting it again" in (n.layout.logs / "containerd.log").read_text(), n.name  # the SIGHUP
+        spec = yaml.safe_load((n.layout.ns / "run-cdi" / "management.nvidia.com-gpu.yaml").read_text())
+        assert spec["kind"] == "management.nvidia.com/gpu"
+        gpus = cluster.profiles[n.name].gpu_count
+        assert {d["name"] for d in spec["devices"]} == {"all"}, spec["devices"]  # management: every GPU at once
+        nodes = {d["path"] for d in spec["devices"][0]["containerEdits"]["deviceNodes"]}
+        assert {f"/dev/nvidia{i}" for i in range(gpus)} | {"/dev/nvidiactl"} <= nodes, (n.name, nodes)
+        toolkit = toolkits[n.name]["metadata"]["name"]
+        log = core.read_namespaced_pod_log(toolkit, NS, container="nvidia-container-toolkit-ctr")
+        ignored = [ln for ln in log.splitlines() if "Ignoring error" in ln]
+        assert ignored and all(any(x in ln for x in LEFT_OUT) for ln in ignored), ignored
+
+
+def test_a_pod_mokka_leaves_alone_gets_its_gpus_from_the_toolkits_cdi_spec(cluster: Cluster) -> None:
+    """With Mokka's NRI plugin opted out, what a ``runtimeClassName: nvidia`` pod asking for every
+    GPU gets is the toolkit's doing: its runtime injects the devices, the mock NVML and nvidia-smi
+    from the spec nvidia-ctk wrote; without NVIDIA_VISIBLE_DEVICES it gets nothing."""
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(cluster.api())
+    for n in cluster.nodes:
+        for visible in ("all", "void"):
+            manifest = pod_manifest(
+                f"toolkit-{visible}-{n.name}",
+                ["sh", "-c", "nvidia-smi -L || echo no nvidia-smi"],
+                annotations={"mokka.io/inject": "false"},
+                image=image_names()["validator"],  # glibc for nvidia-smi
+            )
+            manifest["spec"]["runtimeClassName"] = "nvidia"
+            manifest["spec"]["nodeName"] = n.name
+            manifest["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": visible}]
+            res = run_pod(core, manifest, timeout=120)
+            assert res.phase == "Succeeded", res.logs
+            listed = [ln for ln in res.logs.splitlines() if ln.startswith("GPU ")]
+            uuids = {g.uuid for g in NodeLayout.load(n.layout.node_root).gpus}
+            if visible == "all":
+                assert {ln.split("UUID: ")[1].rstrip(")") for ln in listed} == uuids, res.logs
+            else:
+                assert listed == [] and "no nvidia-smi" in res.logs, res.logs
+
+
+def image_names() -> dict[str, str]:
+    return gpu_operator.image_names(gpu_operator.values())
 
 
 def test_options_the_operator_replaces_are_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match=r"^--gpu-operator deploys .*: drop --nfd, --dcgm-exporter$"):
         Cluster.up(Options(base=tmp_path / "c", gpu_operator=True, nfd=True, dcgm_exporter=True))
+    with pytest.raises(ClusterError, match=r"^--container-toolkit is the GPU Operator's toolkit operand: add --gpu"):
+        Cluster.up(Options(base=tmp_path / "c", container_toolkit=True))
     assert not (tmp_path / "c").exists()
 
 

@@ -119,3 +119,19 @@ def test_a_gpu_pod_gets_its_gpu_from_the_operators_device_plugin_and_mokkas_nri_
     res = run_pod(core, pod_manifest("smi", ["sh", "-c", "nvidia-smi -L"], gpus=1), timeout=120)
     assert res.phase == "Succeeded", res.logs
     assert len([ln for ln in res.logs.splitlines() if ln.startswith("GPU ")]) == 1, res.logs
+
+
+def test_with_the_toolkit_operand_off_mokkas_handler_serves_the_nvidia_runtime_class(installed: Cluster) -> None:
+    """The shipped values leave the toolkit operand off: the validator's toolkit check (a pod of
+    ``runtimeClassName: nvidia`` running nvidia-smi) passed through the node's own ``nvidia``
+    handler, plain runc with Mokka's NRI plugin giving the GPUs."""
+    import tomlkit
+
+    node = installed.node()
+    config = tomlkit.parse(node.layout.containerd_config.read_text()).unwrap()
+    cri = config["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]
+    assert cri["default_runtime_name"] == "runc"
+    assert Path(cri["runtimes"]["nvidia"]["options"]["BinaryName"]).name == "runc"
+    daemonsets = installed.get(f"/apis/apps/v1/namespaces/{gpu_operator.NAMESPACE}/daemonsets")["items"]
+    assert "nvidia-container-toolkit-daemonset" not in {d["metadata"]["name"] for d in daemonsets}
+    assert (install.validations(node) / "toolkit-ready").is_file()

@@ -59,7 +59,7 @@ def _users_dir(tmp_path: Path) -> Path:
 
 
 def test_a_users_operator_replaces_the_built_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    built = build.Operator(tmp_path / "built", tmp_path / "nfd", tmp_path / "dp")
+    built = build.Operator(tmp_path / "built", tmp_path / "nfd", tmp_path / "dp", tmp_path / "tk")
     monkeypatch.setenv(gpu_operator.OPERATOR_ENV, str(_users_dir(tmp_path)))
     mine = gpu_operator.operator(built, tmp_path / "cache")
     assert (mine.chart / "Chart.yaml").read_text() == "name: gpu-operator\n"
@@ -85,7 +85,7 @@ def test_an_incomplete_users_operator_is_named_in_one_line(
     target = user / remove
     target.rmdir() if target.is_dir() else target.unlink()
     monkeypatch.setenv(gpu_operator.OPERATOR_ENV, str(user))
-    built = build.Operator(tmp_path / "built", tmp_path / "nfd", tmp_path / "dp")
+    built = build.Operator(tmp_path / "built", tmp_path / "nfd", tmp_path / "dp", tmp_path / "tk")
     with pytest.raises(gpu_operator.GpuOperatorUnavailable, match=re.escape(f"MOKKA_GPU_OPERATOR_DIR={user}: {said}")):
         gpu_operator.operator(built, tmp_path / "cache")
 

@@ -1,8 +1,9 @@
 """What NVIDIA's GPU Operator runs, built from the Go module proxy into the cache: the operator's
 manager and validator with the operator's own assets, its Helm chart and the validator's workload
 manifests (:data:`OPERATOR`), and NFD built as NFD's image builds it, reading the host under
-``/host-`` where its pods mount it (:data:`NFD_IMAGE`), and NVIDIA's device plugin and GFD at the
-version the chart deploys (:data:`DEVICE_PLUGIN`). The images are made of these by
+``/host-`` where its pods mount it (:data:`NFD_IMAGE`), NVIDIA's device plugin and GFD at the
+version the chart deploys (:data:`DEVICE_PLUGIN`), and NVIDIA's container toolkit
+(:data:`TOOLKIT`). The images are made of these by
 :mod:`localcluster.addons.gpu_operator.images`."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from fetch.kube import gobuild, versions
 
-__all__ = ["DEVICE_PLUGIN", "GO_BUILDS", "NFD_IMAGE", "OPERATOR", "Operator", "cached", "ensure"]
+__all__ = ["DEVICE_PLUGIN", "GO_BUILDS", "NFD_IMAGE", "OPERATOR", "TOOLKIT", "Operator", "cached", "ensure"]
 
 _OPERATOR_MODULE = "github.com/NVIDIA/gpu-operator"
 
@@ -60,18 +61,48 @@ DEVICE_PLUGIN = gobuild.GoBuild(
     replaces=(("sigs.k8s.io/node-feature-discovery", "v0.15.4"),),
 )
 
-GO_BUILDS = (OPERATOR, NFD_IMAGE, DEVICE_PLUGIN)
+_TOOLKIT_MODULE = "github.com/NVIDIA/nvidia-container-toolkit"
+
+# NVIDIA's container toolkit as its installer image carries it: the installer (the operand's
+# program, ``nvidia-toolkit``) and what it installs on the node -- nvidia-ctk, the CDI hook, the
+# runtimes and the legacy hook. libnvidia-container (C, nvidia-container-cli) has no source here:
+# the runtime runs in CDI mode, which does not use it.
+TOOLKIT = gobuild.GoBuild(
+    name="nvidia-container-toolkit",
+    module=_TOOLKIT_MODULE,
+    version=versions.CONTAINER_TOOLKIT,
+    commands=(
+        f"{_TOOLKIT_MODULE}/tools/container/nvidia-toolkit",
+        *(
+            f"{_TOOLKIT_MODULE}/cmd/{c}"
+            for c in (
+                "nvidia-ctk",
+                "nvidia-cdi-hook",
+                "nvidia-container-runtime",
+                "nvidia-container-runtime.cdi",
+                "nvidia-container-runtime.legacy",
+                "nvidia-container-runtime-hook",
+            )
+        ),
+    ),
+    ldflags=(f"-X {_TOOLKIT_MODULE}/internal/info.version={versions.CONTAINER_TOOLKIT.lstrip('v')}",),
+    cgo=True,  # nvidia-ctk's CDI generation loads the driver's NVML through go-nvml
+)
+
+GO_BUILDS = (OPERATOR, NFD_IMAGE, DEVICE_PLUGIN, TOOLKIT)
 
 
 class Operator:
     """The built pieces: ``operator`` (gpu-operator, nvidia-validator, assets/, manifests/, the chart
-    chart/, the workload manifests), ``nfd`` (nfd-master, nfd-worker, nfd-gc) and ``device_plugin``
-    (nvidia-device-plugin, gpu-feature-discovery at the chart's version)."""
+    chart/, the workload manifests), ``nfd`` (nfd-master, nfd-worker, nfd-gc), ``device_plugin``
+    (nvidia-device-plugin, gpu-feature-discovery at the chart's version) and ``toolkit`` (NVIDIA's
+    container toolkit: the installer and what it installs)."""
 
-    def __init__(self, operator: Path, nfd: Path, device_plugin: Path) -> None:
+    def __init__(self, operator: Path, nfd: Path, device_plugin: Path, toolkit: Path) -> None:
         self.operator = operator
         self.nfd = nfd
         self.device_plugin = device_plugin
+        self.toolkit = toolkit
 
     @property
     def chart(self) -> Path:
@@ -79,10 +110,9 @@ class Operator:
 
 
 def cached(cache: Path | None = None) -> Operator | None:
-    op, nfd, dp = (gobuild.cached(spec, cache) for spec in GO_BUILDS)
-    return Operator(op, nfd, dp) if op is not None and nfd is not None and dp is not None else None
+    built = [gobuild.cached(spec, cache) for spec in GO_BUILDS]
+    return Operator(*built) if all(b is not None for b in built) else None  # type: ignore[arg-type]
 
 
 def ensure(cache: Path | None = None, progress: gobuild.Progress = gobuild.stderr_progress) -> Operator:
-    op, nfd, dp = (gobuild.build(spec, cache, progress) for spec in GO_BUILDS)
-    return Operator(op, nfd, dp)
+    return Operator(*(gobuild.build(spec, cache, progress) for spec in GO_BUILDS))

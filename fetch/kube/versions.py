@@ -27,3 +27,6 @@ GPU_OPERATOR = "v0.0.0-20250917190837-d73a0086a6ba"
 GPU_OPERATOR_RELEASE = "v25.3.4"
 # NVIDIA's device plugin and GFD as that chart deploys them (now served; older than DEVICE_PLUGIN).
 GPU_OPERATOR_DEVICE_PLUGIN = "v0.17.4"
+# NVIDIA's container toolkit as that chart deploys it (the toolkit operand's installer, nvidia-ctk,
+# its runtimes and CDI hook). Newer ones (1.18+) write a drop-in the v25.3 operator does not mount.
+CONTAINER_TOOLKIT = "v1.17.8"

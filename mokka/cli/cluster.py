@@ -180,6 +180,15 @@ def node_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., 
     "allocatable. Takes --mig-strategy; the MIG manager comes from $MOKKA_MIG_PARTED_DIR, dcgm-exporter from "
     "$MOKKA_DCGM_DIR.",
 )
+@click.option(
+    "--container-toolkit",
+    "container_toolkit",
+    is_flag=True,
+    help="With --gpu-operator: run the operator's container toolkit operand (NVIDIA's nvidia-ctk installer, CDI "
+    "mode): it installs NVIDIA's runtime as each node's nvidia (and default) handler, restarts the node's "
+    "containerd, and writes a CDI spec of the mock GPUs with nvidia-ctk. Without it Mokka's runtime handler "
+    "serves the operator's runtimeClassName nvidia pods.",
+)
 @virtual_option
 @fgo_option
 @click.option("--keep-on-failure", is_flag=True, help="Leave a cluster that failed to come up running, for its logs.")
@@ -197,6 +206,7 @@ def up_cmd(
     dcgm_exporter: bool,
     nfd: bool,
     gpu_operator: bool,
+    container_toolkit: bool,
     keep_on_failure: bool,
 ) -> None:
     """Start the cluster; prints `export KUBECONFIG=...` on stdout, one progress line per step on stderr."""
@@ -221,6 +231,7 @@ def up_cmd(
         dcgm_exporter=dcgm_exporter,
         nfd=nfd,
         gpu_operator=gpu_operator,
+        container_toolkit=container_toolkit,
         keep_on_failure=keep_on_failure,
     )
     t0 = time.monotonic()

@@ -4,11 +4,12 @@ its users install it: ``helm install`` of its own chart with the values file Mok
 then deploying its operands (NFD through the chart, the validator, NVIDIA's device plugin and GFD,
 dcgm-exporter, the MIG manager) onto the nodes NFD labels as GPU nodes. Mokka's host setup is the
 pre-installed driver; Mokka's ``nvidia`` runtime handler and NRI plugin serve the operator's
-``runtimeClassName: nvidia`` pods (the container toolkit operand is off).
+``runtimeClassName: nvidia`` pods, or, with ``--container-toolkit``, NVIDIA's container toolkit
+operand installs its own runtime as that handler (:data:`.install.TOOLKIT_SETTINGS`).
 
 What the operator and its chart need and no registry serves is built here: the operator, the
-validator, NFD, the device plugin and GFD from the Go module proxy (:mod:`fetch.kube.gpu_operator`,
-:mod:`fetch.kube.binaries`); dcgm-exporter and NVIDIA's MIG manager from the user's builds
+validator, NFD, the device plugin and GFD, the container toolkit from the Go module proxy
+(:mod:`fetch.kube.gpu_operator`, :mod:`fetch.kube.binaries`); dcgm-exporter and NVIDIA's MIG manager from the user's builds
 (``$MOKKA_DCGM_DIR``, :data:`MIG_PARTED_ENV`, else beside a checkout in ``../shared/thirdparty``).
 A user's own operator (another release, a branch) replaces the built one where :data:`OPERATOR_ENV`
 names it (:func:`operator`).
@@ -50,7 +51,9 @@ WORKLOAD_MANIFESTS = ("cuda-workload-validation.yaml", "plugin-workload-validati
 MIG_PROGRAMS = ("nvidia-mig-manager", "nvidia-mig-parted")
 MIG_SCRIPT = "reconfigure-mig.sh"  # the manager runs it for every change of nvidia.com/mig.config
 # The images the values pin (values key; gfd runs the device plugin's image).
-IMAGE_KEYS = ("operator", "validator", "devicePlugin", "gfd", "dcgmExporter", "migManager", "node-feature-discovery")
+IMAGE_KEYS = (
+    "operator", "validator", "devicePlugin", "gfd", "dcgmExporter", "migManager", "node-feature-discovery", "toolkit",
+)  # fmt: skip
 # The validator's status files, one per check (in each node's /run/nvidia/validations).
 VALIDATIONS = ("driver", "toolkit", "cuda", "plugin")
 
@@ -110,7 +113,7 @@ def operator(built: build.Operator, cache: Path) -> build.Operator:
             link.unlink()
         source = root / name if (root / name).exists() else built.operator / name  # the manifests: optional
         link.symlink_to(source.absolute())
-    return build.Operator(gathered, built.nfd, built.device_plugin)
+    return build.Operator(gathered, built.nfd, built.device_plugin, built.toolkit)
 
 
 def mig_manager(cache: Path) -> dict[str, Path]:

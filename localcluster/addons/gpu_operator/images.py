@@ -13,7 +13,13 @@ and the host's glibc where a program links it. Nothing of NVIDIA's images is cop
   DaemonSet points the exporter;
 - the MIG manager: ``nvidia-mig-manager``, ``nvidia-mig-parted`` and ``reconfigure-mig.sh`` (the
   user's, :data:`~. MIG_PARTED_ENV`), bash and kubectl (the script's);
-- NFD: master, worker and garbage collector built with NFD's ``/host-`` prefix.
+- NFD: master, worker and garbage collector built with NFD's ``/host-`` prefix;
+- the container toolkit: its installer ``nvidia-toolkit`` at ``/work`` (the name the operator's
+  entrypoint runs) and what it installs from ``/usr/bin`` (nvidia-ctk, the CDI hook, the runtimes),
+  bash and glibc (nvidia-ctk loads the driver's NVML). NVIDIA's image also carries
+  libnvidia-container and nvidia-container-cli (C, the legacy runtime's), which no source here
+  builds: ``nvidia-toolkit`` runs the installer with its ``--ignore-errors``, so that their absence
+  is logged and the rest (CDI mode) installs.
 
 The environment each image sets is what NVIDIA's sets for the runtime (``NVIDIA_VISIBLE_DEVICES``:
 which of its pods get the GPUs, the driver's library and nvidia-smi)."""
@@ -46,7 +52,8 @@ class Inputs:
     """Where each image's programs are: the operator's build (``operator``), NFD's image build
     (``nfd``), the device plugin and GFD at the chart's version (``device_plugin``), ``kubectl``,
     ``nvidia_smi`` (whose libraries the validator needs), the user's MIG manager (``mig_manager``:
-    program name -> path) and the cache (dcgm-exporter's)."""
+    program name -> path), the cache (dcgm-exporter's) and NVIDIA's container toolkit's build
+    (``toolkit``)."""
 
     operator: Path
     nfd: Path
@@ -55,6 +62,7 @@ class Inputs:
     nvidia_smi: Path
     mig_manager: dict[str, Path]
     cache: Path
+    toolkit: Path
 
     @classmethod
     def cached(cls, cache: Path) -> Inputs:
@@ -73,7 +81,10 @@ class Inputs:
             )
         built = operator(built, cache)  # the user's own, where MOKKA_GPU_OPERATOR_DIR names it
         smi = nvidia_smi.fetch("550", cache)
-        return cls(built.operator, built.nfd, built.device_plugin, bins["kubectl"], smi, mig_manager(cache), cache)
+        return cls(
+            built.operator, built.nfd, built.device_plugin, bins["kubectl"], smi, mig_manager(cache), cache,
+            built.toolkit,
+        )  # fmt: skip
 
 
 def _copy(src: Path, root: Path, dest: str, mode: int = 0o755) -> None:
@@ -160,6 +171,37 @@ def nfd(inp: Inputs, root: Path) -> dict[str, Any]:
     return {"cmd": ["/usr/bin/nfd-worker"], "env": _env(), "user": "65534:65534"}
 
 
+TOOLKIT_INSTALLED = (  # what the installer installs on the node, from the image's /usr/bin
+    "nvidia-ctk",
+    "nvidia-cdi-hook",
+    "nvidia-container-runtime",
+    "nvidia-container-runtime.cdi",
+    "nvidia-container-runtime.legacy",
+    "nvidia-container-runtime-hook",
+)
+TOOLKIT_RUN = """#!/bin/sh
+# NVIDIA's installer. libnvidia-container and nvidia-container-cli (the legacy runtime's) are not
+# built here: --ignore-errors logs their absence and installs the rest (the CDI mode's).
+exec /work/nvidia-toolkit.bin --ignore-errors "$@"
+"""
+
+
+def toolkit(inp: Inputs, root: Path) -> dict[str, Any]:
+    installer = inp.toolkit / "nvidia-toolkit"
+    programs = [installer, *(inp.toolkit / p for p in TOOLKIT_INSTALLED)]
+    oci.make_rootfs(root, programs=[BASH, *programs], cache=inp.cache)
+    _with_bash(root)
+    _copy(installer, root, "/work/nvidia-toolkit.bin")
+    for program in TOOLKIT_INSTALLED:
+        _copy(inp.toolkit / program, root, f"/usr/bin/{program}")
+    run = root / "work/nvidia-toolkit"  # the name the operator's entrypoint runs
+    run.write_text(TOOLKIT_RUN)
+    run.chmod(0o755)
+    env = _env("NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_DRIVER_CAPABILITIES=utility", *NVIDIA_RUNTIME_ENV)
+    env[0] = "PATH=/work:" + oci.PATH_ENV.removeprefix("PATH=")
+    return {"entrypoint": ["/work/nvidia-toolkit"], "env": env}
+
+
 # values key (as in the chart's values) -> how its image's root is made
 BUILDERS: dict[str, Callable[[Inputs, Path], dict[str, Any]]] = {
     "operator": operator,
@@ -167,6 +209,7 @@ BUILDERS: dict[str, Callable[[Inputs, Path], dict[str, Any]]] = {
     "devicePlugin": device_plugin,
     "migManager": mig_manager,
     "node-feature-discovery": nfd,
+    "toolkit": toolkit,
 }
 
 

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ...node import Node
 
 __all__ = [
+    "TOOLKIT_SETTINGS",
     "GpuOperator",
     "cluster_policy",
     "import_images",
@@ -65,11 +66,16 @@ RESTARTED_LABELS = tuple(
     f"nvidia.com/gpu.deploy.{c}" for c in ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm")
 )
 READY_TIMEOUT = 300
+# The toolkit operand on (``--container-toolkit``), in CDI mode: its runtime injects the devices of
+# NVIDIA_VISIBLE_DEVICES from the CDI spec nvidia-ctk writes (the legacy mode needs
+# libnvidia-container, which no source here builds).
+TOOLKIT_SETTINGS = {"toolkit.enabled": "true", "cdi.enabled": "true", "cdi.default": "true"}
 
 
 class GpuOperator(AddOn):
-    def __init__(self, mig_strategy: str) -> None:
+    def __init__(self, mig_strategy: str, toolkit: bool = False) -> None:
         self.mig_strategy = mig_strategy
+        self.toolkit = toolkit
         self.helm: Path | None = None
         self.built: build.Operator | None = None
 
@@ -103,12 +109,14 @@ class GpuOperator(AddOn):
                 nvidia_smi=kit.nvidia_smi,
                 mig_manager=mig_manager(cache),
                 cache=cache,
+                toolkit=self.built.toolkit,
             )
             import_images(ctx, inputs)
             ctx.each("NFD feature file", lambda n: write_feature_file(ctx, n))
         t0 = time.monotonic()
-        with ctx.step(f"GPU Operator: helm install (values {VALUES.name}, mig.strategy={self.mig_strategy})"):
-            install(ctx, self.helm, self.built.chart, self.mig_strategy)
+        toolkit = ", the container toolkit operand" if self.toolkit else ""
+        with ctx.step(f"GPU Operator: helm install (values {VALUES.name}, mig.strategy={self.mig_strategy}{toolkit})"):
+            install(ctx, self.helm, self.built.chart, self.mig_strategy, toolkit=self.toolkit)
         with ctx.step("GPU Operator: NFD's and GFD's labels, the operands Ready, ClusterPolicy ready (Reconciled)"):
             served(ctx, self.mig_strategy, t0)
 
@@ -137,10 +145,13 @@ def served(ctx: Context, mig_strategy: str, since: float) -> None:
     wait_allocatable(ctx, mig_strategy, "allocatable GPUs (the operator's device plugin)", timeout=READY_TIMEOUT)
 
 
-def install(ctx: Context, helm: Path, chart: Path, mig_strategy: str) -> None:
-    """``helm install`` of ``chart`` with the shipped values and ``mig.strategy``; on a cluster
-    with virtual nodes also :func:`off_virtual_nodes` (written to ``DIR/gpu-operator-values.yaml``)."""
+def install(ctx: Context, helm: Path, chart: Path, mig_strategy: str, toolkit: bool = False) -> None:
+    """``helm install`` of ``chart`` with the shipped values and ``mig.strategy`` (and with
+    ``toolkit``, :data:`TOOLKIT_SETTINGS`); on a cluster with virtual nodes also
+    :func:`off_virtual_nodes` (written to ``DIR/gpu-operator-values.yaml``)."""
     args = ["--create-namespace", "-f", str(VALUES), "--set", f"mig.strategy={mig_strategy}"]
+    if toolkit:
+        args += ["--set", ",".join(f"{k}={v}" for k, v in TOOLKIT_SETTINGS.items())]
     if ctx.state.virtual:
         extra = ctx.layout.base / "gpu-operator-values.yaml"
         extra.write_text(yaml.safe_dump(off_virtual_nodes(), sort_keys=False))
