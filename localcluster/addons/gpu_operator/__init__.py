@@ -9,8 +9,9 @@ operand installs its own runtime as that handler (:data:`.install.TOOLKIT_SETTIN
 
 What the operator and its chart need and no registry serves is built here: the operator, the
 validator, NFD, the device plugin and GFD, the container toolkit from the Go module proxy
-(:mod:`fetch.kube.gpu_operator`, :mod:`fetch.kube.binaries`); dcgm-exporter and NVIDIA's MIG manager from the user's builds
-(``$MOKKA_DCGM_DIR``, :data:`MIG_PARTED_ENV`, else beside a checkout in ``../shared/thirdparty``).
+(:mod:`fetch.kube.gpu_operator`, :mod:`fetch.kube.binaries`); dcgm-exporter and NVIDIA's MIG
+manager from the user's builds (``$MOKKA_DCGM_DIR``, :data:`MIG_PARTED_ENV`, else beside a checkout
+in ``../shared/thirdparty``).
 A user's own operator (another release, a branch) replaces the built one where :data:`OPERATOR_ENV`
 names it (:func:`operator`).
 :mod:`.images` makes their images; :mod:`.install` brings it up and says when it serves.
