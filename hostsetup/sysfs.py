@@ -491,6 +491,18 @@ def files(profile: Profile) -> dict[Path, bytes | Link]:
 # bus id and accepts a bridge (class 0x06) of vendor 0x10de as a switch. Class 0x0680 with
 # prog-if 01, as hwloc's plugin notes for NVSwitches.
 NVSWITCH_CLASS = 0x068001
+# Its one BAR: 32 MiB of 64-bit registers, in a window below the GPUs' (NVIDIA's PCI tools, e.g.
+# go-nvlib behind the MIG manager, read every NVIDIA function's resource file and fail without it).
+NVSWITCH_BAR0_SIZE = 32 << 20
+NVSWITCH_MMIO_BASE = MMIO_BASE - (1 << 32)
+NVSWITCH_BAR_FLAGS = 0x140200  # memory, 64-bit, not prefetchable
+
+
+def nvswitch_resource(index: int) -> str:
+    start = NVSWITCH_MMIO_BASE + index * NVSWITCH_BAR0_SIZE
+    zero = f"0x{0:016x} 0x{0:016x} 0x{0:016x}"
+    bar0 = f"0x{start:016x} 0x{start + NVSWITCH_BAR0_SIZE - 1:016x} 0x{NVSWITCH_BAR_FLAGS:016x}"
+    return "\n".join([bar0, *[zero] * 6]) + "\n"
 
 
 def nvswitch_config_space(device_id: int) -> bytes:
@@ -530,6 +542,7 @@ def nvswitch_files(profile: Profile) -> dict[Path, bytes | Link]:
         ):
             out[base / key] = (value + "\n").encode()
         out[base / "config"] = nvswitch_config_space(device_id)
+        out[base / "resource"] = nvswitch_resource(i).encode()
         out[base / "subsystem"] = Link(rel_path(Path("sys/bus/pci"), base / "subsystem"))
         bus_link = Path("sys/bus/pci/devices") / name.slot
         out[bus_link] = Link(rel_path(base, bus_link))

@@ -160,6 +160,20 @@ def test_tree_matches_profile(tree: Callable[..., tuple[Profile, Path]], name: s
             assert path.exists(), f"{path} dangles"
 
 
+def test_every_nvidia_function_has_a_resource_file(tree: Callable[..., tuple[Profile, Path]]) -> None:
+    """NVIDIA's PCI enumeration (go-nvlib: the MIG manager, the toolkit) reads every function of
+    vendor 0x10de, GPU or NVSwitch, and fails on one without a resource file of three fields a line."""
+    _, root = tree("h100")
+    functions = sorted((root / "sys/bus/pci/devices").iterdir())
+    assert len(functions) == 8 + 4
+    for f in functions:
+        assert (f / "vendor").read_text() == "0x10de\n"
+        rows = [ln.split(" ") for ln in (f / "resource").read_text().splitlines()]
+        assert rows and all(len(r) == 3 and all(int(x, 16) >= 0 for x in r) for r in rows), f.name
+        start, end, _ = (int(x, 16) for x in rows[0])
+        assert end > start, f.name  # BAR0: the registers
+
+
 def test_driver_footprint(tree: Callable[..., tuple[Profile, Path]]) -> None:
     prof, root = tree("h100")
     version = prof.driver.version
