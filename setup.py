@@ -17,6 +17,7 @@ ARTIFACTS = [
     "build/libmokka-sysfs.so",
     "build/nvidia-imex",
     "build/nvidia-imex-ctl",
+    "build/mokka-proc-hook",
     "mokka_state.h",
 ]
 

@@ -113,6 +113,8 @@ def _edits(edits: ContainerEdits) -> Json:
         out["deviceNodes"] = [_device_node(n) for n in edits.device_nodes]
     if edits.mounts:
         out["mounts"] = [_mount(m) for m in edits.mounts]
+    if edits.hooks:
+        out["hooks"] = [{"hookName": "createContainer", "path": h.path, "args": list(h.args)} for h in edits.hooks]
     return out
 
 

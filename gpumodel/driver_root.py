@@ -112,3 +112,24 @@ def stage(profile: Profile, out: Path) -> DriverRoot:
         atomic.symlink(libdir / name, target_name)
     version = profile.driver.version
     return DriverRoot(root=out, library=libdir / f"libnvidia-ml.so.{version}", cuda=libdir / f"libcuda.so.{version}")
+
+
+# The C runtime nvidia-smi runs on, by machine: (the loader, its path in a root; the libraries'
+# directory; the libraries). A driver container's root carries its OS's; NVIDIA's MIG manager (with
+# CDI) and validator run ``chroot <driver root> nvidia-smi``.
+C_RUNTIME = {
+    "x86_64": ("lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu"),
+    "aarch64": ("lib/ld-linux-aarch64.so.1", "lib/aarch64-linux-gnu"),
+}
+C_LIBRARIES = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1")
+
+
+def c_runtime(machine: str, host_root: Path = Path("/")) -> dict[str, Path]:
+    """Path in a root -> the host's file, of the C runtime nvidia-smi needs on ``machine``
+    (empty when the host has none of that machine's: a foreign architecture)."""
+    if machine not in C_RUNTIME:
+        return {}
+    loader, libdir = C_RUNTIME[machine]
+    wanted = [loader, *(f"{libdir}/{lib}" for lib in C_LIBRARIES)]
+    found = {rel: (host_root / rel).resolve() for rel in wanted}
+    return found if all(f.is_file() for f in found.values()) else {}

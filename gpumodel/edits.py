@@ -9,12 +9,13 @@ drift apart.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .mig_devices import FABRIC_IMEX_MINOR, MigDevice
 from .nodelayout import GpuNode, NodeLayout
 
 READ_ONLY = ("ro", "nosuid", "nodev", "bind")
+WRITABLE = ("rw", "nosuid", "nodev", "bind")
 
 # Where Debian/Ubuntu images look for libraries, by the node's machine (``uname -m``);
 # GB200/GB300 nodes are aarch64.
@@ -43,16 +44,34 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class Hook:
+    """An OCI createContainer hook (runs in the container's mount namespace before pivot_root)."""
+
+    path: str
+    args: tuple[str, ...]  # argv, the program's name first
+
+
+@dataclass(frozen=True)
 class ContainerEdits:
     env: tuple[str, ...] = ()
     device_nodes: tuple[DeviceNode, ...] = ()
     mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()  # createContainer hooks
 
     def env_dict(self) -> dict[str, str]:
         return dict(item.split("=", 1) for item in self.env)
 
     def without_devices(self) -> ContainerEdits:
-        return ContainerEdits(env=self.env, device_nodes=(), mounts=self.mounts)
+        return replace(self, device_nodes=())
+
+    def merged(self, other: ContainerEdits) -> ContainerEdits:
+        """These edits and then ``other``'s."""
+        return ContainerEdits(
+            env=self.env + other.env,
+            device_nodes=self.device_nodes + other.device_nodes,
+            mounts=self.mounts + other.mounts,
+            hooks=self.hooks + other.hooks,
+        )
 
 
 def control_nodes(layout: NodeLayout) -> list[DeviceNode]:
@@ -139,6 +158,34 @@ def kernel_view(layout: NodeLayout) -> ContainerEdits:
             mounts.append(Mount(f"{layout.root}/{tree}", f"{TREES_IN_CONTAINER}/{tree}"))
         env += [f"LD_PRELOAD={SHIM_IN_CONTAINER}", f"MOKKA_SYSFS_ROOT={TREES_IN_CONTAINER}"]
     return ContainerEdits(env=tuple(env), mounts=tuple(mounts))
+
+
+def driver_procfs(layout: NodeLayout, *, modules: bool = False) -> tuple[Hook, ...]:
+    """What a GPU node's kernel shows in /proc, for programs that read it with raw system calls
+    (Go, out of the sysfs shim's reach): /proc/driver/nvidia and /proc/driver/nvidia-caps
+    (NVIDIA's device plugin maps MIG capabilities through nvidia-caps/mig-minors) and, with
+    ``modules``, /proc/modules (NVIDIA's mig-parted) and /proc/devices with the driver's majors
+    (nvidia-ctk). Mokka's OCI hook makes them in the container's /proc (nothing when the node was
+    staged without it)."""
+    if not layout.proc_hook:
+        return ()
+    args: tuple[str, ...] = ("mokka-proc-hook", "--driver", f"{layout.root}/proc/driver")
+    if modules:
+        args += ("--proc", f"modules={layout.root}/proc/modules")
+        if layout.proc_devices:  # nvidia-ctk (the MIG manager's, with CDI) finds the majors there
+            args += ("--proc", f"devices={layout.proc_devices}")
+    return (Hook(layout.proc_hook, args),)
+
+
+def mig_configuration(layout: NodeLayout, edits: ContainerEdits) -> ContainerEdits:
+    """``edits`` for a container given the MIG configuration capability (NVIDIA's MIG manager):
+    the library that carries the state mounted writable (MIG changes are writes to it; read-only,
+    NVML answers NO_PERMISSION as it does an unprivileged caller), and /proc/modules beside the
+    driver's procfs (:func:`driver_procfs`)."""
+    writable = tuple(Mount(m.host_path, m.container_path, WRITABLE) if m.host_path == layout.state else m
+                     for m in edits.mounts)  # fmt: skip
+    others = tuple(h for h in edits.hooks if h.path != layout.proc_hook)
+    return replace(edits, mounts=writable, hooks=others + driver_procfs(layout, modules=True))
 
 
 def mig_device_nodes(layout: NodeLayout, device: MigDevice) -> tuple[DeviceNode, ...]:

@@ -54,6 +54,9 @@ class NodeLayout:
     imex_caps_major: int | None = None
     proc_devices: str | None = None
     imex_tools: str | None = None  # the directory holding nvidia-imex and nvidia-imex-ctl
+    # The OCI hook giving a container a /proc that lists the staged proc/modules (programs that
+    # read it with raw system calls: NVIDIA's MIG manager); None: not built, or an older Mokka
+    proc_hook: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:

@@ -15,6 +15,7 @@ Layout under ROOT (default /var/lib/mokka)::
     driver/usr/lib64/libcuda.so.<ver> (+ .so.1, .so)        the mock CUDA driver API
     driver/usr/lib64/libdcgm.so.4 (+ .so)                  the mock DCGM (dcgm-exporter), read through that NVML
     driver/usr/bin/nvidia-smi                                the nvidia-smi binary given
+    driver/lib*/ld-linux*, libc.so.6, ...                    the host's C runtime for it: `chroot driver nvidia-smi`
     driver/usr/bin/nvidia-imex, nvidia-imex-ctl              the mock IMEX daemon and its query tool
     driver/var/log/kern.log                                  the driver's Xid lines of injected faults (`mokka fault`)
     dev/nvidia0..N-1, nvidiactl, nvidia-uvm, ...             device nodes
@@ -28,6 +29,7 @@ Layout under ROOT (default /var/lib/mokka)::
                                                              container's is, for tools given one (NVIDIA's DRA chart)
     sys/...                                                  PCI sysfs tree, /sys/module/nvidia
     lib/libmokka-sysfs.so                                    LD_PRELOAD redirect for C tools
+    lib/mokka-proc-hook                                      OCI hook: a container's /proc listing proc/modules
     node.json                                                the layout the plugin and CDI read
     .mokka/journal.jsonl                                     what to undo
 """
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpumodel import driver_root, edits, mig, mig_state, nodelayout, state
-from gpumodel.native import IMEX_TOOLS, NativeMissing, library_path
+from gpumodel.native import IMEX_TOOLS, PROC_HOOK, NativeMissing, library_path
 from gpumodel.profile import Profile
 
 from . import majors, sysfs
@@ -129,6 +131,11 @@ def plan(profile: Profile, options: Options) -> Plan:
         shim = library_path("libmokka-sysfs.so")
     except NativeMissing:
         shim = None
+    hook: Path | None
+    try:
+        hook = library_path(PROC_HOOK)
+    except NativeMissing:
+        hook = None
     devices = profile.devices()
     mig_boards = {d.index: b for d in devices if (b := mig_state.board_of(d.spec)) is not None}  # minor = index
     version = profile.driver.version
@@ -154,6 +161,7 @@ def plan(profile: Profile, options: Options) -> Plan:
         imex_caps_major=numbers.caps,
         proc_devices=str(root / "proc" / "devices"),
         imex_tools=str(root / "driver" / "usr" / "bin"),
+        proc_hook=str(root / "lib" / PROC_HOOK) if hook else None,
     )
     p = Plan(profile, options, layout)
     dev_root, driver_dev = Path(layout.dev_root), root / "driver" / "dev"
@@ -197,6 +205,14 @@ def plan(profile: Profile, options: Options) -> Plan:
             j.write(Path(layout.nvidia_smi), smi_src.read_bytes(), 0o755)
 
         p.steps.append(Step(f"nvidia-smi from {smi_src} -> {layout.nvidia_smi}", smi))
+        runtime = {rel: src.read_bytes() for rel, src in driver_root.c_runtime(machine).items()}
+        if runtime:
+
+            def c_runtime(j: Journal) -> None:
+                for rel, data in runtime.items():
+                    j.write(root / "driver" / rel, data, 0o755)
+
+            p.steps.append(Step(f"the C runtime nvidia-smi runs on -> {root}/driver/lib*", c_runtime))
 
     def imex(j: Journal) -> None:
         for name, data in imex_tools.items():
@@ -285,6 +301,14 @@ def plan(profile: Profile, options: Options) -> Plan:
             j.write(Path(layout.sysfs_shim), shim_bytes, 0o755)
 
         p.steps.append(Step(f"sysfs/procfs redirect shim -> {layout.sysfs_shim}", shim_step))
+    if hook is not None:
+        hook_bytes = hook.read_bytes()
+
+        def hook_step(j: Journal) -> None:
+            assert layout.proc_hook is not None
+            j.write(Path(layout.proc_hook), hook_bytes, 0o755)
+
+        p.steps.append(Step(f"/proc/modules hook for containers that configure MIG -> {layout.proc_hook}", hook_step))
     if options.run_nvidia is not None:
         run_dir = options.run_nvidia.absolute()
 

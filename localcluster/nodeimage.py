@@ -97,7 +97,7 @@ def build(out: Path, nvidia_smi: Path | None, cache: Path | None = None) -> Path
     shutil.copy2(native.header_path(), bundled)
     for lib in native.library_path().parent.glob("*.so"):
         shutil.copy2(lib, bundled)
-    for tool in native.IMEX_TOOLS:
+    for tool in (*native.IMEX_TOOLS, native.PROC_HOOK):
         shutil.copy2(native.library_path(tool), bundled)
     shutil.copy2(PYTHON, rootfs / PYTHON.relative_to("/"))
     (rootfs / "usr" / "bin" / "python3").symlink_to(PYTHON.name)

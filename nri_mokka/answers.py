@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gpumodel.edits import ContainerEdits
+from gpumodel.edits import ContainerEdits, Hook
 from gpumodel.mig_devices import GpuMig
 from gpumodel.nodelayout import NodeLayout
 from nri_mokka import decision, request
@@ -54,13 +54,23 @@ def render(edits: ContainerEdits, preload: str = "") -> api.ContainerAdjustment:
     adjust = api.ContainerAdjustment(env=env, mounts=mounts)
     if devices:
         adjust.linux = api.LinuxContainerAdjustment(devices=devices)
+    if edits.hooks:
+        adjust.hooks = _hooks(edits.hooks)
     return adjust
 
 
-def render_cdi(names: tuple[str, ...]) -> api.ContainerAdjustment:
+def render_cdi(names: tuple[str, ...], hooks: tuple[Hook, ...] = ()) -> api.ContainerAdjustment:
     """GPUs as CDI device references: the runtime resolves them against the CDI spec
-    (`mokka cdi generate`), which carries the same edits."""
-    return api.ContainerAdjustment(cdi_devices=[api.CdiDevice(name=n) for n in names])
+    (`mokka cdi generate`), which carries the same edits; ``hooks``, which no device's spec
+    carries, beside them."""
+    adjust = api.ContainerAdjustment(cdi_devices=[api.CdiDevice(name=n) for n in names])
+    if hooks:
+        adjust.hooks = _hooks(hooks)
+    return adjust
+
+
+def _hooks(hooks: tuple[Hook, ...]) -> api.Hooks:
+    return api.Hooks(create_container=[api.Hook(path=h.path, args=list(h.args)) for h in hooks])
 
 
 def runtime_takes_cdi(runtime_name: str, runtime_version: str) -> bool:
@@ -108,7 +118,8 @@ class Answers:
         if d.edits is None:
             return Answer(b"", d.describe(), None)
         if d.cdi_devices and self.runtime_cdi:
-            reply = self._encode(("cdi", d.cdi_devices), lambda: render_cdi(d.cdi_devices))
+            hooks = d.edits.hooks
+            reply = self._encode(("cdi", d.cdi_devices, hooks), lambda: render_cdi(d.cdi_devices, hooks))
         else:
             edits = d.edits
             preload = dict(key[3]).get("LD_PRELOAD", "")

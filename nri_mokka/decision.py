@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from gpumodel.edits import ContainerEdits, container_edits, kernel_view
+from gpumodel.edits import ContainerEdits, container_edits, driver_procfs, kernel_view, mig_configuration
 from gpumodel.mig_devices import GpuMig, MigDevice
 from gpumodel.nodelayout import GpuNode, NodeLayout
 
@@ -43,7 +43,10 @@ ANNOTATION_GPUS = "mokka.io/gpus"  # "all", or indices / UUIDs / <gpu>:<mig> / M
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 ANNOTATION_PREFIXES = ("mokka.io/", CDI_ANNOTATION_PREFIX)  # the annotations decisions read
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-ENV_READ = (VISIBLE_DEVICES,)  # the environment decisions read
+# The MIG configuration capability (NVIDIA's toolkit grants it to privileged containers: the MIG
+# manager's image asks for it): such a container may change the state and sees /proc/modules.
+MIG_CONFIG_DEVICES = "NVIDIA_MIG_CONFIG_DEVICES"
+ENV_READ = (VISIBLE_DEVICES, MIG_CONFIG_DEVICES)  # the environment decisions read
 DEVICE_PREFIX = "/dev/nvidia"  # the device paths decisions read
 DEVICE_RE = re.compile(r"^/dev/nvidia(\d+)$")
 DRIVER_LIBRARY = "libnvidia-ml.so"  # mounts of the driver's library a decision reads (by destination)
@@ -203,6 +206,18 @@ def _select(
 
 
 def decide(c: Container, layout: NodeLayout, config: Config, mig: Sequence[GpuMig] = ()) -> Decision:
+    d = _decide(c, layout, config, mig)
+    if d.edits is None:
+        return d
+    if c.env.get(MIG_CONFIG_DEVICES, "").strip() not in ("", "void", "none"):
+        why = f"{d.reason}; {MIG_CONFIG_DEVICES}: the state writable, the node's /proc/modules"
+        return replace(d, reason=why, edits=mig_configuration(layout, d.edits))
+    if c.driver_mounts:  # a runtime's CDI spec brought the driver (and its hooks): they have /proc
+        return d
+    return replace(d, edits=replace(d.edits, hooks=d.edits.hooks + driver_procfs(layout)))
+
+
+def _decide(c: Container, layout: NodeLayout, config: Config, mig: Sequence[GpuMig]) -> Decision:
     if config.allocator == "external":
         return _decide_external(c, layout, config, mig)
     skip = _selected(c, config)
@@ -279,7 +294,7 @@ def _decide_external(c: Container, layout: NodeLayout, config: Config, mig: Sequ
         edits = container_edits(layout, existing)
         present = set(c.device_paths)
         nodes = tuple(n for n in edits.device_nodes if n.path not in present)
-        edits = ContainerEdits(env=edits.env, device_nodes=nodes, mounts=edits.mounts)
+        edits = replace(edits, device_nodes=nodes)
         if c.env.get(VISIBLE_DEVICES, "").strip() not in ("", "void", "none"):
             # it names the GPUs (a device plugin's variable beside its device specs): it stays.
             # "void" is how a CDI spec (NVIDIA's nvcdi) keeps the legacy hook out: the device
@@ -349,4 +364,4 @@ def _with_nodes(
 def _keep_env(edits: ContainerEdits, name: str) -> ContainerEdits:
     """Drop ``name`` from the edits: the container's own value stays authoritative."""
     env = tuple(e for e in edits.env if not e.startswith(f"{name}="))
-    return ContainerEdits(env=env, device_nodes=edits.device_nodes, mounts=edits.mounts)
+    return replace(edits, env=env)

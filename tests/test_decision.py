@@ -263,3 +263,37 @@ def test_nri_mode_is_unchanged_by_the_external_rules(layout: nodelayout.NodeLayo
     # today's standalone rules: a device plugin's variable keeps its value and gets no device nodes
     d = decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "1"}), layout, Config(allocator="nri"))
     assert d.edits is not None and d.edits.device_nodes == ()
+
+
+def test_the_mig_configuration_capability_brings_the_nodes_proc_modules(layout: nodelayout.NodeLayout) -> None:
+    """Every GPU container gets Mokka's OCI hook showing it the driver's procfs; one asking for the
+    MIG configuration capability (NVIDIA's MIG manager) also /proc/modules and the state's library
+    writable; a node staged without the hook, no hook; rendered as NRI's create_container hook."""
+    from dataclasses import replace
+
+    from nri_mokka.answers import render
+
+    hooked = replace(layout, proc_hook="/var/lib/mokka/lib/mokka-proc-hook")
+    external = Config(allocator="external")
+    env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_MIG_CONFIG_DEVICES": "all"}
+    d = decide(ctr(env=env), hooked, external)
+    assert d.edits is not None and gpu_nodes(d) == [f"/dev/nvidia{i}" for i in range(8)]
+    args = ("mokka-proc-hook", "--driver", "/var/lib/mokka/proc/driver")
+    args += ("--proc", "modules=/var/lib/mokka/proc/modules")
+    assert d.edits.hooks == (edits.Hook(hooked.proc_hook, args),)
+    assert "NVIDIA_MIG_CONFIG_DEVICES: the state writable, the node's /proc/modules" in d.describe()
+    library = [m for m in d.edits.mounts if m.host_path == hooked.state]
+    assert len(library) == 2 and all(m.options == edits.WRITABLE for m in library)  # .so.1 and .so.<version>
+    assert all(m.options == edits.READ_ONLY for m in d.edits.mounts if m.host_path != hooked.state)
+    adjust = render(d.edits)
+    assert [(h.path, h.args) for h in adjust.hooks.create_container] == [(hooked.proc_hook, list(args))]
+    assert decide(ctr(env=env), hooked, Config()).edits.hooks  # Mokka allocating: the same  # type: ignore[union-attr]
+    driver_only = (edits.Hook(hooked.proc_hook, args[:3]),)  # every GPU container: the driver's procfs
+    plain = decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "all"}), hooked, external)
+    assert plain.edits is not None and plain.edits.hooks == driver_only
+    assert all(m.options == edits.READ_ONLY for m in plain.edits.mounts)
+    for value in ("", "void", "none"):
+        mine = decide(ctr(env={**env, "NVIDIA_MIG_CONFIG_DEVICES": value}), hooked, external)
+        assert mine.edits is not None and mine.edits.hooks == driver_only, value
+    assert decide(ctr(env=env), layout, external).edits.hooks == ()  # no hook staged  # type: ignore[union-attr]
+    assert decide(ctr(env={"NVIDIA_MIG_CONFIG_DEVICES": "all"}), hooked, external).edits is None  # no GPUs asked

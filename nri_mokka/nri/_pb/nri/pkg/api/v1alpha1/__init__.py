@@ -156,8 +156,20 @@ class ContainerAdjustment(betterproto.Message):
     )
     mounts: List["Mount"] = betterproto.message_field(3)
     env: List["KeyValue"] = betterproto.message_field(4)
+    hooks: "Hooks" = betterproto.message_field(5)
     linux: "LinuxContainerAdjustment" = betterproto.message_field(6)
     cdi_devices: List["CdiDevice"] = betterproto.message_field(8)
+
+
+@dataclass(eq=False, repr=False)
+class Hooks(betterproto.Message):
+    create_container: List["Hook"] = betterproto.message_field(3)
+
+
+@dataclass(eq=False, repr=False)
+class Hook(betterproto.Message):
+    path: str = betterproto.string_field(1)
+    args: List[str] = betterproto.string_field(2)
 
 
 @dataclass(eq=False, repr=False)

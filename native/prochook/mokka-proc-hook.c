@@ -1,0 +1,336 @@
+/*
+ * mokka-proc-hook: an OCI createContainer hook that shows a container the mock node's driver in
+ * /proc, as a GPU node's kernel shows it to every program there:
+ *
+ *     mokka-proc-hook --driver DIR [--proc NAME=FILE ...]   (the OCI state on stdin, as hooks get it)
+ *
+ * --driver DIR         the container's /proc/driver holds DIR's entries (the staged nvidia and
+ *                      nvidia-caps trees: NVIDIA's device plugin maps MIG capabilities through
+ *                      nvidia-caps/mig-minors) beside its real ones;
+ * --proc NAME=FILE     /proc/NAME is FILE's copy: modules (NVIDIA's mig-parted, behind the MIG
+ *                      manager, refuses to run without an nvidia line) and devices (nvidia-ctk
+ *                      finds the driver's majors there).
+ *
+ * Programs that read these with raw system calls (Go) cannot be served by the LD_PRELOAD shim,
+ * and a container's procfs cannot be given files: runc refuses mounts under /proc but a few,
+ * and a kernel without modules has no /proc/modules to mount over. So the hook, which runs in the
+ * container's mount namespace before pivot_root (runc; the bundle's config.json names the root),
+ * mounts a tmpfs over /proc/driver holding its real entries (bound) and DIR's; with --proc, a
+ * tmpfs over /proc itself holding every other entry of the real procfs (kept at /proc/.real; self
+ * and thread-self link into it, so they resolve per process) and the files given. Process
+ * directories are then not listed (/proc/self still reaches the reader's own): only the MIG
+ * manager asks for that.
+ * Everything is done on the container's own mounts; an error fails the hook with one line.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#define MAX_DOC (1 << 20)
+
+static int fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("mokka-proc-hook: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 1;
+}
+
+/* out = a + "/" + b; -1 when it does not fit. */
+static int join(char *out, size_t size, const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la + 1 + lb + 1 > size)
+        return -1;
+    memcpy(out, a, la);
+    out[la] = '/';
+    memcpy(out + la + 1, b, lb + 1);
+    return 0;
+}
+
+/* Read a whole stream into a NUL-terminated buffer (NULL when too large or unreadable). */
+static char *slurp(FILE *f) {
+    char *buf = malloc(MAX_DOC + 1);
+    if (!buf)
+        return NULL;
+    size_t n = fread(buf, 1, MAX_DOC, f);
+    if (ferror(f) || !feof(f)) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+/* The JSON string value of the first "key" at or after `from`: copied (unescaped) into out. */
+static const char *json_string(const char *from, const char *key, char *out, size_t size) {
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "\"%s\"", key);
+    for (const char *p = strstr(from, quoted); p; p = strstr(p + 1, quoted)) {
+        const char *q = p + strlen(quoted);
+        while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r')
+            q++;
+        if (*q != ':')
+            continue;
+        q++;
+        while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r')
+            q++;
+        if (*q != '"')
+            continue;
+        size_t n = 0;
+        for (q++; *q && *q != '"'; q++) {
+            char c = *q;
+            if (c == '\\') {
+                c = *++q;
+                if (c != '"' && c != '\\' && c != '/')
+                    return NULL; /* \uXXXX and the like: not in the paths runtimes write */
+            }
+            if (n + 1 >= size)
+                return NULL;
+            out[n++] = c;
+        }
+        if (*q != '"')
+            return NULL;
+        out[n] = '\0';
+        return q;
+    }
+    return NULL;
+}
+
+/* The container's root directory: config.json's root.path, relative to the bundle when not absolute. */
+static int container_root(char *root, size_t size) {
+    char *state = slurp(stdin);
+    if (!state)
+        return fail("cannot read the OCI state on stdin");
+    char bundle[PATH_MAX];
+    const char *found = json_string(state, "bundle", bundle, sizeof bundle);
+    free(state);
+    if (!found)
+        return fail("the OCI state on stdin names no bundle");
+    char config[PATH_MAX];
+    if (join(config, sizeof config, bundle, "config.json") != 0)
+        return fail("%s: path too long", bundle);
+    FILE *f = fopen(config, "re");
+    if (!f)
+        return fail("%s: %s", config, strerror(errno));
+    char *doc = slurp(f);
+    fclose(f);
+    if (!doc)
+        return fail("%s: cannot read it", config);
+    const char *at = strstr(doc, "\"root\"");
+    char path[PATH_MAX];
+    found = at ? json_string(at, "path", path, sizeof path) : NULL;
+    free(doc);
+    if (!found)
+        return fail("%s: no root.path", config);
+    int bad = path[0] == '/' ? (strlen(path) + 1 > size ? -1 : (memcpy(root, path, strlen(path) + 1), 0))
+                             : join(root, size, bundle, path);
+    return bad == 0 ? 0 : fail("%s: root path too long", config);
+}
+
+static int all_digits(const char *s) {
+    for (; *s; s++)
+        if (*s < '0' || *s > '9')
+            return 0;
+    return 1;
+}
+
+/* Put one entry of the real procfs (at real/name) into the new /proc (at proc/name). */
+static int add_entry(const char *real, const char *proc, const char *name) {
+    char from[PATH_MAX], to[PATH_MAX];
+    if (join(from, sizeof from, real, name) != 0 || join(to, sizeof to, proc, name) != 0)
+        return fail("%s/%s: path too long", proc, name);
+    struct stat st;
+    if (lstat(from, &st) != 0)
+        return errno == ENOENT ? 0 : fail("%s: %s", from, strerror(errno));
+    if (S_ISLNK(st.st_mode)) {
+        char target[PATH_MAX];
+        if (strcmp(name, "self") == 0 || strcmp(name, "thread-self") == 0) {
+            snprintf(target, sizeof target, ".real/%s", name); /* resolved by the real procfs, per reader */
+        } else {
+            ssize_t n = readlink(from, target, sizeof target - 1);
+            if (n < 0)
+                return fail("%s: %s", from, strerror(errno));
+            target[n] = '\0'; /* relative ones (mounts -> self/mounts) resolve in the new /proc */
+        }
+        return symlink(target, to) == 0 ? 0 : fail("symlink %s: %s", to, strerror(errno));
+    }
+    if (S_ISDIR(st.st_mode)) {
+        if (mkdir(to, 0555) != 0)
+            return fail("mkdir %s: %s", to, strerror(errno));
+    } else {
+        int fd = open(to, O_CREAT | O_WRONLY | O_CLOEXEC, 0444);
+        if (fd < 0)
+            return fail("%s: %s", to, strerror(errno));
+        close(fd);
+    }
+    return mount(from, to, NULL, MS_BIND | MS_REC, NULL) == 0 ? 0 : fail("bind %s: %s", from, strerror(errno));
+}
+
+static int write_file(const char *path, const char *src) {
+    FILE *in = fopen(src, "re");
+    if (!in)
+        return fail("%s: %s", src, strerror(errno));
+    char *text = slurp(in);
+    fclose(in);
+    if (!text)
+        return fail("%s: cannot read it", src);
+    FILE *out = fopen(path, "we");
+    int ok = out && fputs(text, out) >= 0;
+    if (out && fclose(out) != 0)
+        ok = 0;
+    free(text);
+    return ok ? 0 : fail("%s: %s", path, strerror(errno));
+}
+
+/* Bind every entry of `from` but those named in `skip` (NULL-terminated) into `to`. */
+static int add_entries(const char *from, const char *to, const char *const *skip) {
+    DIR *d = opendir(from);
+    if (!d)
+        return fail("%s: %s", from, strerror(errno));
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (e = readdir(d));) {
+        if (e->d_name[0] == '.' || all_digits(e->d_name))
+            continue;
+        int skipped = 0;
+        for (const char *const *s = skip; s && *s && !skipped; s++)
+            skipped = strcmp(e->d_name, *s) == 0;
+        if (!skipped)
+            rc = add_entry(from, to, e->d_name);
+    }
+    closedir(d);
+    return rc;
+}
+
+#define MAX_FILES 8
+
+/* The container's /proc becomes a tmpfs of the real procfs's entries and the `names` files,
+ * copies of `srcs` (n of each). */
+static int replace_proc(const char *root, const char *const *names, const char *const *srcs, size_t n) {
+    char proc[PATH_MAX], stash[PATH_MAX], real[PATH_MAX];
+    /* The real procfs goes to a directory of its own first (a tmpfs in the container's /dev,
+     * which runc made), then the new /proc covers the real one and the real one moves into it. */
+    if (join(proc, sizeof proc, root, "proc") != 0 || join(stash, sizeof stash, root, "dev/.mokka-proc") != 0 ||
+        join(real, sizeof real, proc, ".real") != 0)
+        return fail("%s: path too long", root);
+    if (mkdir(stash, 0500) != 0 && errno != EEXIST)
+        return fail("mkdir %s: %s", stash, strerror(errno));
+    if (mount(proc, stash, NULL, MS_BIND | MS_REC, NULL) != 0)
+        return fail("bind %s: %s", proc, strerror(errno));
+    if (mount("mokka-proc", proc, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555") != 0)
+        return fail("tmpfs on %s: %s", proc, strerror(errno));
+    if (mkdir(real, 0555) != 0)
+        return fail("mkdir %s: %s", real, strerror(errno));
+    if (mount(stash, real, NULL, MS_MOVE, NULL) != 0)
+        return fail("move %s to %s: %s", stash, real, strerror(errno));
+    rmdir(stash);
+    const char *skip[MAX_FILES + 1];
+    for (size_t i = 0; i < n; i++)
+        skip[i] = names[i];
+    skip[n] = NULL;
+    if (add_entries(real, proc, skip) != 0)
+        return 1;
+    for (size_t i = 0; i < n; i++) {
+        char target[PATH_MAX];
+        if (join(target, sizeof target, proc, names[i]) != 0)
+            return fail("%s: path too long", proc);
+        if (write_file(target, srcs[i]) != 0)
+            return 1;
+    }
+    /* Read-only from here, as procfs files are not the container's to create. */
+    return mount(NULL, proc, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) == 0
+               ? 0
+               : fail("remount %s read-only: %s", proc, strerror(errno));
+}
+
+/* The container's /proc/driver becomes a tmpfs of its real entries and the staged ones. */
+static int driver_view(const char *root, const char *staged) {
+    char driver[PATH_MAX], stash[PATH_MAX];
+    if (join(driver, sizeof driver, root, "proc/driver") != 0 ||
+        join(stash, sizeof stash, root, "dev/.mokka-proc-driver") != 0)
+        return fail("%s: path too long", root);
+    if (mkdir(stash, 0500) != 0 && errno != EEXIST)
+        return fail("mkdir %s: %s", stash, strerror(errno));
+    if (mount(driver, stash, NULL, MS_BIND | MS_REC, NULL) != 0)
+        return fail("bind %s: %s", driver, strerror(errno));
+    if (mount("mokka-proc-driver", driver, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555") != 0)
+        return fail("tmpfs on %s: %s", driver, strerror(errno));
+    /* The staged entries first: a real one of the same name (none on a CPU node) stays hidden. */
+    DIR *d = opendir(staged);
+    if (!d)
+        return fail("%s: %s", staged, strerror(errno));
+    const char *names[64];
+    size_t n = 0;
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        if (n + 1 >= sizeof names / sizeof names[0])
+            rc = fail("%s: too many entries", staged);
+        else if ((names[n] = strdup(e->d_name)) == NULL)
+            rc = fail("out of memory");
+        else
+            rc = add_entry(staged, driver, names[n++]);
+    }
+    closedir(d);
+    names[n] = NULL;
+    if (rc == 0)
+        rc = add_entries(stash, driver, names);
+    for (size_t i = 0; i < n; i++)
+        free((void *)names[i]);
+    if (rc != 0)
+        return rc;
+    if (umount2(stash, MNT_DETACH) != 0)
+        return fail("umount %s: %s", stash, strerror(errno));
+    rmdir(stash);
+    return mount(NULL, driver, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) == 0
+               ? 0
+               : fail("remount %s read-only: %s", driver, strerror(errno));
+}
+
+static int usage(void) {
+    fprintf(stderr, "usage: mokka-proc-hook --driver DIR [--proc NAME=FILE ...]  (an OCI createContainer hook: "
+                    "the state on stdin)\n");
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    const char *driver = NULL, *names[MAX_FILES], *srcs[MAX_FILES];
+    char *pairs[MAX_FILES];
+    size_t n = 0;
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc)
+            return usage();
+        if (strcmp(argv[i], "--driver") == 0) {
+            driver = argv[i + 1];
+        } else if (strcmp(argv[i], "--proc") == 0 && n < MAX_FILES) {
+            char *eq = strchr(argv[i + 1], '=');
+            if (!eq || eq == argv[i + 1] || !eq[1] || memchr(argv[i + 1], '/', (size_t)(eq - argv[i + 1])))
+                return usage();
+            pairs[n] = strndup(argv[i + 1], (size_t)(eq - argv[i + 1]));
+            names[n] = pairs[n];
+            srcs[n++] = eq + 1;
+        } else {
+            return usage();
+        }
+    }
+    if (!driver)
+        return usage();
+    char root[PATH_MAX];
+    if (container_root(root, sizeof root) != 0)
+        return 1;
+    if (n && replace_proc(root, names, srcs, n) != 0)
+        return 1;
+    return driver_view(root, driver);
+}
