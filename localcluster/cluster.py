@@ -58,6 +58,7 @@ from .state import State
 __all__ = ["DEFAULT_BASE", "READY_TIMEOUT", "Cluster", "ClusterError", "Options", "leftovers"]
 
 DEFAULT_BASE = Path("/run/mokka-cluster")
+SUN_PATH_MAX = 107  # a unix socket's path: sockaddr_un's 108 bytes with the terminating NUL
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,7 @@ class Cluster(Context):
         if options.fabric_delay and not any(r.rack for r in resolved):
             raise ClusterError("--fabric-delay: no node is in a rack (--node PROFILE@RACK)")
         longest = max(len(str(layout.node(r.name, i).containerd_socket)) for i, r in enumerate(resolved))
-        if longest + len(".ttrpc") > 100:
+        if longest + len(".ttrpc") > SUN_PATH_MAX:
             raise ClusterError("the path is too long for containerd's sockets; choose a shorter --dir")
         opts = {**asdict(options), "base": str(layout.base), "cache": str(options.cache) if options.cache else None}
         state = State(options=opts, ports={}, cgroup_prefix=layout.cgroup_prefix, bridge=layout.bridge)

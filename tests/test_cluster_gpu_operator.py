@@ -52,7 +52,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     nodes = (NodeSpec("h100", 2), NodeSpec("l40s", 1))
     virtual = (VirtualSpec.parse(f"h100:8={VIRTUAL}"),)
     base = tmp_path_factory.mktemp("gpu-operator")
-    with start_cluster(base, nodes=nodes, virtual=virtual, gpu_operator=True, container_toolkit=True) as c:
+    options = {"gpu_operator": True, "container_toolkit": True, "mig_strategy": "mixed"}
+    with start_cluster(base, nodes=nodes, virtual=virtual, **options) as c:
         yield c
 
 
@@ -241,6 +242,64 @@ def test_a_missing_mig_manager_is_named_before_anything_starts(tmp_path: Path, m
     with pytest.raises(ClusterError, match=r"MOKKA_MIG_PARTED_DIR=.*nowhere: no reconfigure-mig.sh"):
         Cluster.up(Options(base=tmp_path / "c", gpu_operator=True))
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
+
+
+MIG_CONFIG, MIG_STATE = "nvidia.com/mig.config", "nvidia.com/mig.config.state"
+
+
+def mig_state_after(cluster: Cluster, node: Any, config: str, timeout: float = 240) -> str:
+    """Label ``node`` for the MIG manager's ``config`` and wait until it says how that went (a
+    config it does not know fails at once; one it applies goes through ``pending``)."""
+    before = node.labels().get(MIG_STATE)
+    node.label({MIG_CONFIG: config})
+
+    def taken_up() -> str | None:
+        state = node.labels().get(MIG_STATE)
+        return state if state == "pending" or (state == "failed" and before != "failed") else None
+
+    if wait_for("the MIG manager to take the change up", taken_up, 60) == "failed":
+        return "failed"
+    done = wait_for(
+        f"the MIG manager to apply {config}",
+        lambda: (s := node.labels().get(MIG_STATE)) in ("success", "failed") and s,
+        timeout,
+    )
+    return str(done)
+
+
+def test_the_mig_manager_reconfigures_a_node_through_the_mock_nvml(cluster: Cluster) -> None:
+    """The MIG manager's own config file: ``all-1g.10gb`` makes the real MIG manager stop the GPU
+    clients, apply the layout through the mock NVML (mig-parted: SetMigMode, GPU and compute
+    instances) and start them again; with the mixed strategy the node then advertises seven
+    1g.10gb MIG devices per GPU with GFD's MIG labels, a pod asking for one lists it with
+    nvidia-smi, and ``all-disabled`` returns the whole GPUs. A config the manager does not know
+    fails, and the node keeps serving."""
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(cluster.api())
+    node = next(n for n in cluster.nodes if "h100" in n.name)
+    gpus = cluster.profiles[node.name].gpu_count
+    try:
+        assert mig_state_after(cluster, node, "all-1g.10gb") == "success"
+        mig = "nvidia.com/mig-1g.10gb"
+        wait_for(f"{gpus * 7} {mig} allocatable", lambda: node.allocatable(mig) == gpus * 7, 180)
+        assert node.allocatable() == 0  # mixed: the whole GPUs are gone, their slices advertised
+        labels = node.labels()
+        assert labels[f"{mig}.count"] == str(gpus * 7) and labels[f"{mig}.memory"] == "9984", labels
+        manifest = pod_manifest("mig", ["sh", "-c", "nvidia-smi -L"])
+        manifest["spec"]["containers"][0]["resources"] = {"limits": {mig: "1"}}
+        manifest["spec"]["nodeName"] = node.name
+        res = run_pod(core, manifest, timeout=120)
+        assert res.phase == "Succeeded", res.logs
+        assert len([ln for ln in res.logs.splitlines() if "MIG 1g.10gb" in ln]) == 1, res.logs
+
+        assert mig_state_after(cluster, node, "all-9g.90gb") == "failed"  # not in the manager's config
+        assert node.allocatable(mig) == gpus * 7  # still serving the layout it has
+    finally:
+        state = mig_state_after(cluster, node, "all-disabled")
+    assert state == "success"
+    wait_for("the whole GPUs allocatable again", lambda: allocatable_as_profiled(cluster, node), 180)
+    assert node.allocatable(mig) == 0
 
 
 def test_an_upgrade_rolls_the_device_plugin_node_by_node_and_leaves_gpu_pods_alone(cluster: Cluster) -> None:
