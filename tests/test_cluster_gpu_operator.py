@@ -96,6 +96,7 @@ def test_every_operand_runs_on_every_node(cluster: Cluster) -> None:
     h100 = [n for n in cluster.nodes if "h100" in n.name]
     for n in h100:  # the MIG-capable product: the operator labels it for the MIG manager
         assert n.labels().get("nvidia.com/gpu.deploy.mig-manager") == "true"
+        assert n.labels().get("nvidia.com/mig.config.state") == "success"  # its first run: all-disabled
     managers = [p for p in found if p["metadata"].get("labels", {}).get("app") == "nvidia-mig-manager"]
     real = {n.name for n in cluster.nodes}
     assert {p["spec"]["nodeName"] for p in managers if running(p)} & real == {n.name for n in h100}
