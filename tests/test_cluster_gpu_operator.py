@@ -268,25 +268,52 @@ def mig_state_after(cluster: Cluster, node: Any, config: str, timeout: float = 2
     return str(done)
 
 
-def test_the_mig_manager_reconfigures_a_node_through_the_mock_nvml(cluster: Cluster) -> None:
+TOO_MANY = "all-1g.10gb-x8"  # eight 1g.10gb instances: an H100 holds seven
+
+
+def with_a_layout_the_board_cannot_hold(cluster: Cluster, tmp: Path) -> None:
+    """The MIG manager's configs as a user extends them through the chart (``migManager.config``
+    with ``create`` and ``data``): the operator's defaults and one layout no H100 holds."""
+    default = cluster.get(f"/api/v1/namespaces/{NS}/configmaps/default-mig-parted-config")["data"]["config.yaml"]
+    configs = yaml.safe_load(default)
+    configs["mig-configs"][TOO_MANY] = [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 8}}]
+    path = tmp / "mig-configs.yaml"
+    path.write_text(yaml.safe_dump(configs, sort_keys=False))
+    helm, built = gotool.cached(tools.HELM), gpu_operator_build.cached()
+    assert helm is not None and built is not None
+    settings = {"migManager.config.name": "mokka-mig-configs", "migManager.config.create": "true"}
+    install.upgrade(cluster, helm / "helm", built.chart, settings, {"migManager.config.data.config\\.yaml": path})
+
+    def rolled() -> bool:
+        ds = cluster.get(f"/apis/apps/v1/namespaces/{NS}/daemonsets/nvidia-mig-manager")
+        volumes = ds["spec"]["template"]["spec"].get("volumes") or []
+        uses = any((v.get("configMap") or {}).get("name") == "mokka-mig-configs" for v in volumes)
+        return uses and "nvidia-mig-manager" not in install.unready(cluster)
+
+    wait_for("the MIG manager on the new configs", rolled, 120)
+
+
+def test_the_mig_manager_reconfigures_a_node_through_the_mock_nvml(cluster: Cluster, tmp_path: Path) -> None:
     """The MIG manager's own config file: ``all-1g.10gb`` makes the real MIG manager stop the GPU
     clients, apply the layout through the mock NVML (mig-parted: SetMigMode, GPU and compute
     instances) and start them again; with the mixed strategy the node then advertises seven
     1g.10gb MIG devices per GPU with GFD's MIG labels, a pod asking for one lists it with
-    nvidia-smi, and ``all-disabled`` returns the whole GPUs. A config the manager does not know
-    fails, and the node keeps serving."""
+    nvidia-smi, and ``all-disabled`` returns the whole GPUs. A layout the board cannot hold, and a
+    config the manager does not know, fail, and the node keeps serving."""
     from kubernetes import client
 
     core: Any = client.CoreV1Api(cluster.api())
     node = next(n for n in cluster.nodes if "h100" in n.name)
     gpus = cluster.profiles[node.name].gpu_count
+    with_a_layout_the_board_cannot_hold(cluster, tmp_path)
     try:
         assert mig_state_after(cluster, node, "all-1g.10gb") == "success"
         mig = "nvidia.com/mig-1g.10gb"
         wait_for(f"{gpus * 7} {mig} allocatable", lambda: node.allocatable(mig) == gpus * 7, 180)
         assert node.allocatable() == 0  # mixed: the whole GPUs are gone, their slices advertised
-        labels = node.labels()
-        assert labels[f"{mig}.count"] == str(gpus * 7) and labels[f"{mig}.memory"] == "9984", labels
+        # GFD's labels reach the node through NFD's features.d, on NFD's next one-minute pass
+        wait_for("GFD's MIG labels", lambda: node.labels().get(f"{mig}.count") == str(gpus * 7), 150)
+        assert node.labels()[f"{mig}.memory"] == "9984"
         manifest = pod_manifest("mig", ["sh", "-c", "nvidia-smi -L"])
         manifest["spec"]["containers"][0]["resources"] = {"limits": {mig: "1"}}
         manifest["spec"]["nodeName"] = node.name
@@ -296,6 +323,20 @@ def test_the_mig_manager_reconfigures_a_node_through_the_mock_nvml(cluster: Clus
 
         assert mig_state_after(cluster, node, "all-9g.90gb") == "failed"  # not in the manager's config
         assert node.allocatable(mig) == gpus * 7  # still serving the layout it has
+
+        assert mig_state_after(cluster, node, TOO_MANY) == "failed"
+        manager = next(p for p in pods(cluster, "app=nvidia-mig-manager") if p["spec"]["nodeName"] == node.name)
+        log = cluster.kubectl("logs", "-n", NS, manager["metadata"]["name"], "-c", "nvidia-mig-manager").stdout
+        # the mock NVML refusing the eighth GPU instance, as the manager reports it
+        assert "Error creating GPU instance for '1g.10gb': ERROR_INSUFFICIENT_RESOURCES" in log, log[-2000:]
+        wait_for(
+            "the node serving again",
+            lambda: (
+                "nvidia-device-plugin-daemonset" not in install.unready(cluster)
+                and node.allocatable(mig) + node.allocatable() > 0
+            ),
+            180,
+        )
     finally:
         state = mig_state_after(cluster, node, "all-disabled")
     assert state == "success"

@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,9 @@ def test_default_adjustment(root: Path) -> None:
     adj = create(p, pod(), container())
     assert adj is not None
     layout = nodelayout.NodeLayout.load(root)
-    expected = edits.container_edits(layout, layout.gpus)
+    # the GPUs' edits, and the hook showing the container the driver's procfs
+    expected = replace(edits.container_edits(layout, layout.gpus), hooks=edits.driver_procfs(layout))
+    assert layout.proc_hook and [h.path for h in adj.hooks.create_container] == [layout.proc_hook]
     assert {(e.key, e.value) for e in adj.env} == set(expected.env_dict().items())
     assert [d.path for d in adj.linux.devices] == [n.path for n in expected.device_nodes]
     assert all(d.file_mode.value == 0o666 for d in adj.linux.devices)

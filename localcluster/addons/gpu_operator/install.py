@@ -168,10 +168,15 @@ def off_virtual_nodes() -> dict[str, Any]:
     return {"operator": {"affinity": real}, "node-feature-discovery": nfd}
 
 
-def upgrade(ctx: Context, helm: Path, chart: Path, settings: dict[str, str]) -> None:
-    """``helm upgrade`` of the release to ``chart`` with the values it has and ``settings``
-    (``--set key=value`` each); its hooks run (the operator's CRD upgrade Job)."""
-    _helm(ctx, helm, "upgrade", chart, "--reuse-values", *(f"--set={k}={v}" for k, v in settings.items()))
+def upgrade(
+    ctx: Context, helm: Path, chart: Path, settings: dict[str, str], files: dict[str, Path] | None = None
+) -> None:
+    """``helm upgrade`` of the release to ``chart`` with the values it has, ``settings``
+    (``--set key=value`` each) and ``files`` (``--set-file key=path``: a value that is a file's
+    text); its hooks run (the operator's CRD upgrade Job)."""
+    args = [f"--set={k}={v}" for k, v in settings.items()]
+    args += [f"--set-file={k}={path}" for k, path in (files or {}).items()]
+    _helm(ctx, helm, "upgrade", chart, "--reuse-values", *args)
 
 
 def _helm(ctx: Context, helm: Path, verb: str, chart: Path, *args: str) -> None:
