@@ -20,27 +20,6 @@ DNS_SERVICE_IP = "10.96.0.10"  # the cluster DNS (kube-system/kube-dns), as kube
 PAUSE_IMAGE = "localhost/mokka/pause:1"
 
 
-# Host paths kubelet, containerd and the plugins use, each backed by a private directory.
-PRIVATE_PATHS = {
-    "/var/lib/kubelet": "kubelet",
-    "/var/log/pods": "pods-logs",
-    "/var/log/containers": "containers-logs",
-    "/run/containerd": "run-containerd",  # NodeLayout.containerd_run, which holds the socket
-    "/etc/containerd": "etc-containerd",  # the config (NVIDIA's toolkit adds a drop-in beside it)
-    "/var/lib/cni": "cni-state",
-    "/etc/cdi": "etc-cdi",
-    "/var/run/cdi": "run-cdi",
-    "/var/run/nri": "run-nri",
-    "/etc/kubernetes": "etc-kubernetes",
-    # What the chart's DaemonSet stages through hostPath (its default root, GPU Operator's link):
-    # each node's own.
-    "/var/lib/mokka": "mokka-root",
-    "/run/nvidia": "run-nvidia",
-    # What NVIDIA's container toolkit operand installs on a node: its programs, and the CRI-O hook
-    # directory its DaemonSet mounts (created by containerd when missing).
-    "/usr/local/nvidia": "usr-local-nvidia",
-    "/run/containers": "run-containers",
-}
 # Kubelet sets the first three for the whole machine (container manager's kernel tunables); the CNI
 # bridge plugin turns on IP forwarding when the bridge is the pods' gateway. In the namespace they
 # are private files.

@@ -141,6 +141,30 @@ class Layout:
         return NodeLayout(self, name, index)
 
 
+# Host paths kubelet, containerd and the plugins use, each backed by a private directory of the
+# node (relative to its base; NodeLayout.private), bound over the host path in its namespace.
+PRIVATE_PATHS = {
+    "/var/lib/kubelet": "ns/kubelet",
+    "/var/log/pods": "ns/pods-logs",
+    "/var/log/containers": "ns/containers-logs",
+    "/run/containerd": "run",  # the socket's directory: short, a unix socket path holds 108 bytes
+    "/etc/containerd": "ns/etc-containerd",  # the config (NVIDIA's toolkit edits it)
+    "/var/lib/cni": "ns/cni-state",
+    "/etc/cdi": "ns/etc-cdi",
+    "/var/run/cdi": "ns/run-cdi",
+    "/var/run/nri": "ns/run-nri",
+    "/etc/kubernetes": "ns/etc-kubernetes",
+    # What the chart's DaemonSet stages through hostPath (its default root, GPU Operator's link):
+    # each node's own.
+    "/var/lib/mokka": "ns/mokka-root",
+    "/run/nvidia": "ns/run-nvidia",
+    # What NVIDIA's container toolkit operand installs on a node: its programs, and the CRI-O hook
+    # directory its DaemonSet mounts (created by containerd when missing).
+    "/usr/local/nvidia": "ns/usr-local-nvidia",
+    "/run/containers": "ns/run-containers",
+}
+
+
 @dataclass(frozen=True)
 class NodeLayout:
     """Every path and name of node ``name`` (the ``index``-th) of the cluster ``cluster``."""
@@ -194,22 +218,19 @@ class NodeLayout:
         """The kubelet's credentials (user ``system:node:<name>``)."""
         return self.cluster.kubeconfigs / f"kubelet-{self.name}.conf"
 
-    @property
-    def containerd_run(self) -> Path:
-        """The node's /run/containerd (its namespace binds it there): the socket, shims' sockets."""
-        return self.base / "run"
+    def private(self, host: str) -> Path:
+        """The node's directory its namespace binds over ``host`` (one of :data:`PRIVATE_PATHS`)."""
+        return self.base / PRIVATE_PATHS[host]
 
     @property
     def containerd_socket(self) -> Path:
-        """The node's /run/containerd/containerd.sock, where NVIDIA's toolkit finds it; this path
-        is short: a unix socket path holds 108 bytes."""
-        return self.containerd_run / "containerd.sock"
+        """The node's /run/containerd/containerd.sock, where NVIDIA's toolkit finds it."""
+        return self.private("/run/containerd") / "containerd.sock"
 
     @property
     def containerd_config(self) -> Path:
-        """The node's /etc/containerd/config.toml (its namespace binds the directory there), where
-        NVIDIA's toolkit adds its drop-in."""
-        return self.ns / "etc-containerd" / "config.toml"
+        """The node's /etc/containerd/config.toml, which NVIDIA's toolkit edits."""
+        return self.private("/etc/containerd") / "config.toml"
 
     @property
     def cgroup_root(self) -> str:

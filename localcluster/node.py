@@ -28,7 +28,7 @@ from gpumodel import profile as profiles
 
 from . import cgroups, config, gpustack, process, supervise
 from .errors import ClusterError
-from .layout import MOKKA_ROOT, NodeLayout, NodePorts
+from .layout import MOKKA_ROOT, PRIVATE_PATHS, NodeLayout, NodePorts
 from .nodewatch import ready
 from .processes import Processes
 
@@ -148,13 +148,8 @@ class Node:
         layout = self.layout
         staged_at_root = self.ctx.options.get("allocator") == "nvidia-dra" or bool(self.ctx.options.get("gpu_operator"))
         binds: list[list[str]] = []
-        for host, private in config.PRIVATE_PATHS.items():
-            if host == "/run/containerd":
-                d = layout.containerd_run
-            elif staged_at_root and host == MOKKA_ROOT:
-                d = layout.node_root
-            else:
-                d = layout.ns / private
+        for host in PRIVATE_PATHS:
+            d = layout.node_root if staged_at_root and host == MOKKA_ROOT else layout.private(host)
             d.mkdir(parents=True, exist_ok=True)
             binds.append([str(d), host])
         sysctl_dir = layout.ns / "sysctl"

@@ -57,7 +57,7 @@ def core(cdi_cluster: Cluster) -> Any:
 
 
 def test_device_plugin_wrote_a_cdi_spec_mounting_only_the_library(cdi_cluster: Cluster) -> None:
-    specs = list((cdi_cluster.node().layout.ns / "run-cdi").glob("k8s.device-plugin.nvidia.com-*"))
+    specs = list((cdi_cluster.node().layout.private("/var/run/cdi")).glob("k8s.device-plugin.nvidia.com-*"))
     assert specs, "the device plugin wrote no CDI spec into /var/run/cdi"
     text = specs[0].read_text()
     version = PROFILE.driver.version

@@ -110,7 +110,7 @@ def test_one_pod_per_real_node_and_none_on_the_virtual_one(cluster: Cluster, cor
 
 def test_each_nodes_pod_stages_that_node_and_serves_it(cluster: Cluster, core: Any, release: str) -> None:
     for n in cluster.nodes:
-        staged = n.layout.ns / "mokka-root" / "node.json"  # the node's own /var/lib/mokka
+        staged = n.layout.private("/var/lib/mokka") / "node.json"  # the node's own /var/lib/mokka
         assert json.loads(staged.read_text())["profile"] == "t4", n.name
         assert serves(core, n.name, f"on-{n.name}").count("Tesla T4") == 1
 

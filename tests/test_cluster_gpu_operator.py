@@ -183,10 +183,10 @@ def test_the_toolkit_operand_installed_its_runtime_and_cdi_spec_on_every_node(cl
         cri = config["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]
         assert cri["default_runtime_name"] == "nvidia", n.name
         assert cri["runtimes"]["nvidia"]["options"]["BinaryName"] == TOOLKIT_RUNTIME, n.name
-        installed = n.layout.ns / "usr-local-nvidia" / "toolkit"
+        installed = n.layout.private("/usr/local/nvidia") / "toolkit"
         assert 'mode = "cdi"' in (installed / ".config/nvidia-container-runtime/config.toml").read_text()
         assert "starting it again" in (n.layout.logs / "containerd.log").read_text(), n.name  # the SIGHUP
-        spec = yaml.safe_load((n.layout.ns / "run-cdi" / "management.nvidia.com-gpu.yaml").read_text())
+        spec = yaml.safe_load((n.layout.private("/var/run/cdi") / "management.nvidia.com-gpu.yaml").read_text())
         assert spec["kind"] == "management.nvidia.com/gpu"
         gpus = cluster.profiles[n.name].gpu_count
         assert {d["name"] for d in spec["devices"]} == {"all"}, spec["devices"]  # management: every GPU at once

@@ -77,7 +77,7 @@ def test_nfd_reads_the_node_itself_too(cluster: Cluster) -> None:
 def test_the_feature_file_is_the_one_mokka_writes(cluster: Cluster) -> None:
     """What the node's features.d holds is what Mokka's chart writes on a real node (one writer)."""
     for n in cluster.nodes:
-        features = n.layout.ns / "etc-kubernetes" / str(nodeinfo.NFD_FEATURES_DIR.relative_to("/etc/kubernetes"))
+        features = n.layout.private("/etc/kubernetes") / str(nodeinfo.NFD_FEATURES_DIR.relative_to("/etc/kubernetes"))
         written = (features / nodeinfo.NFD_FILE_NAME).read_text()
         assert written == nodeinfo.nfd_feature_file(cluster.profiles[n.name])
 

@@ -69,7 +69,7 @@ def installed(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     bins = binaries.cached(None)
     assert bins is not None
     install(cluster, bins["nvidia-cdi-hook"], prepare.go_binary(versions.HELM), debcache.default_cache())
-    yield cluster.node().layout.ns / "mokka-root"  # /var/lib/mokka in the node's namespace
+    yield cluster.node().layout.private("/var/lib/mokka")  # /var/lib/mokka in the node's namespace
     cluster.kubectl("delete", "namespace", nvidia_dra.NAMESPACE, "--wait=false", check=False)
     cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input=mokka, check=False)
 

@@ -25,7 +25,7 @@ from fetch.kube import binaries, gobuild, versions
 from gpumodel import fleet, profile
 from hostsetup import sysfs
 from localcluster import config, gpustack, pki
-from localcluster.layout import MAX_NODES, Layout, NodePorts, Ports
+from localcluster.layout import MAX_NODES, PRIVATE_PATHS, Layout, NodePorts, Ports
 from localcluster.nodespec import NodeSpec, resolve
 
 LAYOUT = Layout(Path("/run/mokka-cluster"))
@@ -87,7 +87,7 @@ def test_kubelet_stays_off_the_host() -> None:
     bridge = cni["plugins"][0]
     assert bridge["isGateway"] is True and bridge["ipMasq"] is False  # forwarding: a private sysctl file
     assert [p["type"] for p in cni["plugins"]] == ["bridge"]
-    assert set(config.PRIVATE_PATHS) >= {"/var/lib/kubelet", "/run/containerd", "/var/log/pods", "/var/run/nri"}
+    assert set(PRIVATE_PATHS) >= {"/var/lib/kubelet", "/run/containerd", "/var/log/pods", "/var/run/nri"}
     assert "net/ipv4/ip_forward" in config.SYSCTLS
 
 

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from fetch.kube import versions
 from k8snode import nodeinfo
 
-from .. import config
 from .base import AddOn, Kit
 
 if TYPE_CHECKING:
@@ -41,7 +40,7 @@ def labels(profile: Any) -> dict[str, str]:
 
 def write_feature_file(ctx: Context, n: Node) -> None:
     """Mokka's feature file in the node's ``features.d`` (its private /etc/kubernetes)."""
-    private = n.layout.ns / config.PRIVATE_PATHS["/etc/kubernetes"]
+    private = n.layout.private("/etc/kubernetes")
     features = private / nodeinfo.NFD_FEATURES_DIR.relative_to("/etc/kubernetes")
     nodeinfo.write_nfd_feature_file(features, ctx.profiles[n.name])
 

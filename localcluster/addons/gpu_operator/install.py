@@ -19,7 +19,6 @@ from fetch import versions as tools
 from fetch.kube import gpu_operator as build
 from fetch.kube import versions
 
-from ... import config
 from ...errors import ClusterError
 from ..base import AddOn, Kit
 from ..device_plugin import wait_allocatable
@@ -229,7 +228,7 @@ def policy_ready(ctx: Context) -> bool:
 
 def validations(n: Node) -> Path:
     """The node's /run/nvidia/validations (its private directory)."""
-    return n.layout.ns / config.PRIVATE_PATHS["/run/nvidia"] / "validations"
+    return n.layout.private("/run/nvidia") / "validations"
 
 
 def missing(n: Node) -> list[str]:
