@@ -12,7 +12,17 @@ from pathlib import Path
 
 from fetch.kube import gobuild, versions
 
-__all__ = ["DEVICE_PLUGIN", "GO_BUILDS", "NFD_IMAGE", "OPERATOR", "TOOLKIT", "Operator", "cached", "ensure"]
+__all__ = [
+    "DEVICE_PLUGIN",
+    "GO_BUILDS",
+    "NFD_IMAGE",
+    "OPERATOR",
+    "TOOLKIT",
+    "TOOLKIT_INSTALLED",
+    "Operator",
+    "cached",
+    "ensure",
+]
 
 _OPERATOR_MODULE = "github.com/NVIDIA/gpu-operator"
 
@@ -67,23 +77,21 @@ _TOOLKIT_MODULE = "github.com/NVIDIA/nvidia-container-toolkit"
 # program, ``nvidia-toolkit``) and what it installs on the node -- nvidia-ctk, the CDI hook, the
 # runtimes and the legacy hook. libnvidia-container (C, nvidia-container-cli) has no source here:
 # the runtime runs in CDI mode, which does not use it.
+TOOLKIT_INSTALLED = (  # what the installer installs on the node (its image's /usr/bin)
+    "nvidia-ctk",
+    "nvidia-cdi-hook",
+    "nvidia-container-runtime",
+    "nvidia-container-runtime.cdi",
+    "nvidia-container-runtime.legacy",
+    "nvidia-container-runtime-hook",
+)
 TOOLKIT = gobuild.GoBuild(
     name="nvidia-container-toolkit",
     module=_TOOLKIT_MODULE,
     version=versions.CONTAINER_TOOLKIT,
     commands=(
         f"{_TOOLKIT_MODULE}/tools/container/nvidia-toolkit",
-        *(
-            f"{_TOOLKIT_MODULE}/cmd/{c}"
-            for c in (
-                "nvidia-ctk",
-                "nvidia-cdi-hook",
-                "nvidia-container-runtime",
-                "nvidia-container-runtime.cdi",
-                "nvidia-container-runtime.legacy",
-                "nvidia-container-runtime-hook",
-            )
-        ),
+        *(f"{_TOOLKIT_MODULE}/cmd/{c}" for c in TOOLKIT_INSTALLED),
     ),
     ldflags=(f"-X {_TOOLKIT_MODULE}/internal/info.version={versions.CONTAINER_TOOLKIT.lstrip('v')}",),
     cgo=True,  # nvidia-ctk's CDI generation loads the driver's NVML through go-nvml

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from containers import images as oci
+from fetch.kube.gpu_operator import TOOLKIT_INSTALLED
 
 from .. import dcgm
 
@@ -174,14 +175,6 @@ def nfd(inp: Inputs, root: Path) -> dict[str, Any]:
     return {"cmd": ["/usr/bin/nfd-worker"], "env": _env(), "user": "65534:65534"}
 
 
-TOOLKIT_INSTALLED = (  # what the installer installs on the node, from the image's /usr/bin
-    "nvidia-ctk",
-    "nvidia-cdi-hook",
-    "nvidia-container-runtime",
-    "nvidia-container-runtime.cdi",
-    "nvidia-container-runtime.legacy",
-    "nvidia-container-runtime-hook",
-)
 TOOLKIT_RUN = """#!/bin/sh
 # NVIDIA's installer. libnvidia-container and nvidia-container-cli (the legacy runtime's) are not
 # built here: --ignore-errors logs their absence and installs the rest (the CDI mode's).
@@ -191,17 +184,17 @@ exec /work/nvidia-toolkit.bin --ignore-errors "$@"
 
 def toolkit(inp: Inputs, root: Path) -> dict[str, Any]:
     installer = inp.toolkit / "nvidia-toolkit"
-    programs = [installer, *(inp.toolkit / p for p in TOOLKIT_INSTALLED)]
-    oci.make_rootfs(root, programs=[BASH, *programs], cache=inp.cache)
+    installed = [inp.toolkit / p for p in TOOLKIT_INSTALLED]
+    oci.make_rootfs(root, programs=[BASH, installer, *installed], cache=inp.cache)
     _with_bash(root)
     _copy(installer, root, "/work/nvidia-toolkit.bin")
-    for program in TOOLKIT_INSTALLED:
-        _copy(inp.toolkit / program, root, f"/usr/bin/{program}")
+    for program in installed:
+        _copy(program, root, f"/usr/bin/{program.name}")
     run = root / "work/nvidia-toolkit"  # the name the operator's entrypoint runs
     run.write_text(TOOLKIT_RUN)
     run.chmod(0o755)
-    env = _env("NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_DRIVER_CAPABILITIES=utility", *NVIDIA_RUNTIME_ENV)
-    env[0] = "PATH=/work:" + oci.PATH_ENV.removeprefix("PATH=")
+    path = "PATH=/work:" + oci.PATH_ENV.removeprefix("PATH=")  # NVIDIA's image: /work first
+    env = [path, "NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_DRIVER_CAPABILITIES=utility", *NVIDIA_RUNTIME_ENV]
     return {"entrypoint": ["/work/nvidia-toolkit"], "env": env}
 
 
