@@ -124,12 +124,12 @@ C_RUNTIME = {
 C_LIBRARIES = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1")
 
 
-def c_runtime(machine: str, host_root: Path = Path("/")) -> dict[str, Path]:
+def c_runtime(machine: str) -> dict[str, Path]:
     """Path in a root -> the host's file, of the C runtime nvidia-smi needs on ``machine``
     (empty when the host has none of that machine's: a foreign architecture)."""
     if machine not in C_RUNTIME:
         return {}
     loader, libdir = C_RUNTIME[machine]
     wanted = [loader, *(f"{libdir}/{lib}" for lib in C_LIBRARIES)]
-    found = {rel: (host_root / rel).resolve() for rel in wanted}
+    found = {rel: (Path("/") / rel).resolve() for rel in wanted}
     return found if all(f.is_file() for f in found.values()) else {}

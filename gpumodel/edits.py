@@ -64,15 +64,6 @@ class ContainerEdits:
     def without_devices(self) -> ContainerEdits:
         return replace(self, device_nodes=())
 
-    def merged(self, other: ContainerEdits) -> ContainerEdits:
-        """These edits and then ``other``'s."""
-        return ContainerEdits(
-            env=self.env + other.env,
-            device_nodes=self.device_nodes + other.device_nodes,
-            mounts=self.mounts + other.mounts,
-            hooks=self.hooks + other.hooks,
-        )
-
 
 def control_nodes(layout: NodeLayout) -> list[DeviceNode]:
     dev = layout.dev_root

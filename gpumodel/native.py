@@ -18,7 +18,7 @@ DCGM_LIBRARY = "libdcgm.so"
 STATE_WRITER = "libmokka-state.so"  # the live-state writer gpumodel.state loads
 SYSFS_SHIM = "libmokka-sysfs.so"
 IMEX_TOOLS = ("nvidia-imex", "nvidia-imex-ctl")  # the mock IMEX daemon and its query tool (driver root's usr/bin)
-PROC_HOOK = "mokka-proc-hook"  # the OCI hook showing a container the node's /proc/modules
+PROC_HOOK = "mokka-proc-hook"  # the OCI hook showing a container the driver's procfs files
 
 
 class NativeMissing(FileNotFoundError):

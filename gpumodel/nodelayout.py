@@ -54,8 +54,8 @@ class NodeLayout:
     imex_caps_major: int | None = None
     proc_devices: str | None = None
     imex_tools: str | None = None  # the directory holding nvidia-imex and nvidia-imex-ctl
-    # The OCI hook giving a container a /proc that lists the staged proc/modules (programs that
-    # read it with raw system calls: NVIDIA's MIG manager); None: not built, or an older Mokka
+    # The OCI hook putting the staged procfs files into a container's /proc, for programs that read
+    # them with raw system calls (edits.driver_procfs); None: not built, or an older Mokka
     proc_hook: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 

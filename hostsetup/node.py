@@ -29,7 +29,7 @@ Layout under ROOT (default /var/lib/mokka)::
                                                              container's is, for tools given one (NVIDIA's DRA chart)
     sys/...                                                  PCI sysfs tree, /sys/module/nvidia
     lib/libmokka-sysfs.so                                    LD_PRELOAD redirect for C tools
-    lib/mokka-proc-hook                                      OCI hook: a container's /proc listing proc/modules
+    lib/mokka-proc-hook                                      OCI hook: the driver's procfs files in a container's /proc
     node.json                                                the layout the plugin and CDI read
     .mokka/journal.jsonl                                     what to undo
 """
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpumodel import driver_root, edits, mig, mig_state, nodelayout, state
-from gpumodel.native import IMEX_TOOLS, PROC_HOOK, NativeMissing, library_path
+from gpumodel.native import IMEX_TOOLS, PROC_HOOK, SYSFS_SHIM, NativeMissing, library_path
 from gpumodel.profile import Profile
 
 from . import majors, sysfs
@@ -111,6 +111,24 @@ def _check_writable(root: Path) -> None:
         raise SetupError(f"{root}: {probe} is not writable")
 
 
+def _built(name: str) -> Path | None:
+    """A native program or library that may not have been built (staged only when it was)."""
+    try:
+        return library_path(name)
+    except NativeMissing:
+        return None
+
+
+def _program_step(what: str, src: Path, dest: Path) -> Step:
+    """Copy ``src`` (read now, before any write) to ``dest``, executable."""
+    data = src.read_bytes()
+
+    def copy(j: Journal) -> None:
+        j.write(dest, data, 0o755)
+
+    return Step(f"{what} -> {dest}", copy)
+
+
 def plan(profile: Profile, options: Options) -> Plan:
     """Every step of host setup, computed up front; raises SetupError before any write."""
     root = resolve_root(options.root)
@@ -126,16 +144,7 @@ def plan(profile: Profile, options: Options) -> Plan:
         imex_tools = {name: library_path(name).read_bytes() for name in IMEX_TOOLS}
     except (state.StateError, NativeMissing, majors.MajorError) as exc:
         raise SetupError(str(exc)) from None
-    shim: Path | None
-    try:
-        shim = library_path("libmokka-sysfs.so")
-    except NativeMissing:
-        shim = None
-    hook: Path | None
-    try:
-        hook = library_path(PROC_HOOK)
-    except NativeMissing:
-        hook = None
+    shim, hook = _built(SYSFS_SHIM), _built(PROC_HOOK)
     devices = profile.devices()
     mig_boards = {d.index: b for d in devices if (b := mig_state.board_of(d.spec)) is not None}  # minor = index
     version = profile.driver.version
@@ -151,7 +160,7 @@ def plan(profile: Profile, options: Options) -> Plan:
         uvm_major=numbers.uvm,
         gpus=tuple(nodelayout.GpuNode(d.index, d.uuid, d.bus_id, d.index) for d in devices),
         nvidia_smi=str(root / "driver" / "usr" / "bin" / "nvidia-smi") if options.nvidia_smi else None,
-        sysfs_shim=str(root / "lib" / "libmokka-sysfs.so") if shim else None,
+        sysfs_shim=str(root / "lib" / SYSFS_SHIM) if shim else None,
         cuda_library=str(libdir / f"libcuda.so.{version}"),
         dcgm_library=str(libdir / driver_root.DCGM_SONAME),
         machine=machine,
@@ -293,22 +302,12 @@ def plan(profile: Profile, options: Options) -> Plan:
             trees,
         )
     )
-    if shim is not None:
-        shim_bytes = shim.read_bytes()
-
-        def shim_step(j: Journal) -> None:
-            assert layout.sysfs_shim is not None
-            j.write(Path(layout.sysfs_shim), shim_bytes, 0o755)
-
-        p.steps.append(Step(f"sysfs/procfs redirect shim -> {layout.sysfs_shim}", shim_step))
-    if hook is not None:
-        hook_bytes = hook.read_bytes()
-
-        def hook_step(j: Journal) -> None:
-            assert layout.proc_hook is not None
-            j.write(Path(layout.proc_hook), hook_bytes, 0o755)
-
-        p.steps.append(Step(f"/proc/modules hook for containers that configure MIG -> {layout.proc_hook}", hook_step))
+    for what, src, dest in (
+        ("sysfs/procfs redirect shim", shim, layout.sysfs_shim),
+        ("OCI hook showing containers the driver's /proc", hook, layout.proc_hook),
+    ):
+        if src is not None and dest is not None:
+            p.steps.append(_program_step(what, src, Path(dest)))
     if options.run_nvidia is not None:
         run_dir = options.run_nvidia.absolute()
 

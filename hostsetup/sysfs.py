@@ -230,24 +230,22 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def resource(device: Device) -> str:
-    b = Bars.of(device)
-    rows = [
-        (b.bar0, BAR0_SIZE),
-        (0, 0),
-        (b.bar1, b.bar1_size),
-        (0, 0),
-        (b.bar3, BAR4_SIZE),
-        (0, 0),
-        (0, 0),  # expansion ROM
-    ]
+def resource_file(rows: list[tuple[int, int]], flags: int) -> str:
+    """A PCI function's ``resource`` file: one ``start end flags`` line per (start, size) row, a
+    row of zeros where the size is 0 (BARs 0-5, then the expansion ROM)."""
     lines = []
     for start, size in rows:
         if size:
-            lines.append(f"0x{start:016x} 0x{start + size - 1:016x} 0x{BAR_FLAGS:016x}")
+            lines.append(f"0x{start:016x} 0x{start + size - 1:016x} 0x{flags:016x}")
         else:
             lines.append(f"0x{0:016x} 0x{0:016x} 0x{0:016x}")
     return "\n".join(lines) + "\n"
+
+
+def resource(device: Device) -> str:
+    b = Bars.of(device)
+    rows = [(b.bar0, BAR0_SIZE), (0, 0), (b.bar1, b.bar1_size), (0, 0), (b.bar3, BAR4_SIZE), (0, 0), (0, 0)]
+    return resource_file(rows, BAR_FLAGS)
 
 
 def config_space(device: Device) -> bytes:
@@ -500,9 +498,7 @@ NVSWITCH_BAR_FLAGS = 0x140200  # memory, 64-bit, not prefetchable
 
 def nvswitch_resource(index: int) -> str:
     start = NVSWITCH_MMIO_BASE + index * NVSWITCH_BAR0_SIZE
-    zero = f"0x{0:016x} 0x{0:016x} 0x{0:016x}"
-    bar0 = f"0x{start:016x} 0x{start + NVSWITCH_BAR0_SIZE - 1:016x} 0x{NVSWITCH_BAR_FLAGS:016x}"
-    return "\n".join([bar0, *[zero] * 6]) + "\n"
+    return resource_file([(start, NVSWITCH_BAR0_SIZE), *[(0, 0)] * 6], NVSWITCH_BAR_FLAGS)
 
 
 def nvswitch_config_space(device_id: int) -> bytes:
