@@ -215,21 +215,35 @@ static int add_entries(const char *from, const char *to, const char *const *skip
 
 #define MAX_FILES 8
 
+/* Keep what is mounted at `target` reachable at `stash` (a new directory in the container's /dev,
+ * a tmpfs runc made), then cover `target` with an empty tmpfs named `fsname`. */
+static int cover(const char *target, const char *stash, const char *fsname) {
+    if (mkdir(stash, 0500) != 0 && errno != EEXIST)
+        return fail("mkdir %s: %s", stash, strerror(errno));
+    if (mount(target, stash, NULL, MS_BIND | MS_REC, NULL) != 0)
+        return fail("bind %s: %s", target, strerror(errno));
+    if (mount(fsname, target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555") != 0)
+        return fail("tmpfs on %s: %s", target, strerror(errno));
+    return 0;
+}
+
+/* The tmpfs at `target` read-only from here, as procfs entries are not the container's to create. */
+static int seal(const char *target) {
+    if (mount(NULL, target, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
+        return fail("remount %s read-only: %s", target, strerror(errno));
+    return 0;
+}
+
 /* The container's /proc becomes a tmpfs of the real procfs's entries and the `names` files,
  * copies of `srcs` (n of each). */
 static int replace_proc(const char *root, const char *const *names, const char *const *srcs, size_t n) {
     char proc[PATH_MAX], stash[PATH_MAX], real[PATH_MAX];
-    /* The real procfs goes to a directory of its own first (a tmpfs in the container's /dev,
-     * which runc made), then the new /proc covers the real one and the real one moves into it. */
+    /* The new /proc covers the real one, which then moves from its stash into it. */
     if (join(proc, sizeof proc, root, "proc") != 0 || join(stash, sizeof stash, root, "dev/.mokka-proc") != 0 ||
         join(real, sizeof real, proc, ".real") != 0)
         return fail("%s: path too long", root);
-    if (mkdir(stash, 0500) != 0 && errno != EEXIST)
-        return fail("mkdir %s: %s", stash, strerror(errno));
-    if (mount(proc, stash, NULL, MS_BIND | MS_REC, NULL) != 0)
-        return fail("bind %s: %s", proc, strerror(errno));
-    if (mount("mokka-proc", proc, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555") != 0)
-        return fail("tmpfs on %s: %s", proc, strerror(errno));
+    if (cover(proc, stash, "mokka-proc") != 0)
+        return 1;
     if (mkdir(real, 0555) != 0)
         return fail("mkdir %s: %s", real, strerror(errno));
     if (mount(stash, real, NULL, MS_MOVE, NULL) != 0)
@@ -248,10 +262,7 @@ static int replace_proc(const char *root, const char *const *names, const char *
         if (write_file(target, srcs[i]) != 0)
             return 1;
     }
-    /* Read-only from here, as procfs files are not the container's to create. */
-    return mount(NULL, proc, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) == 0
-               ? 0
-               : fail("remount %s read-only: %s", proc, strerror(errno));
+    return seal(proc);
 }
 
 /* The container's /proc/driver becomes a tmpfs of its real entries and the staged ones. */
@@ -260,12 +271,8 @@ static int driver_view(const char *root, const char *staged) {
     if (join(driver, sizeof driver, root, "proc/driver") != 0 ||
         join(stash, sizeof stash, root, "dev/.mokka-proc-driver") != 0)
         return fail("%s: path too long", root);
-    if (mkdir(stash, 0500) != 0 && errno != EEXIST)
-        return fail("mkdir %s: %s", stash, strerror(errno));
-    if (mount(driver, stash, NULL, MS_BIND | MS_REC, NULL) != 0)
-        return fail("bind %s: %s", driver, strerror(errno));
-    if (mount("mokka-proc-driver", driver, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555") != 0)
-        return fail("tmpfs on %s: %s", driver, strerror(errno));
+    if (cover(driver, stash, "mokka-proc-driver") != 0)
+        return 1;
     /* The staged entries first: a real one of the same name (none on a CPU node) stays hidden. */
     DIR *d = opendir(staged);
     if (!d)
@@ -294,9 +301,7 @@ static int driver_view(const char *root, const char *staged) {
     if (umount2(stash, MNT_DETACH) != 0)
         return fail("umount %s: %s", stash, strerror(errno));
     rmdir(stash);
-    return mount(NULL, driver, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) == 0
-               ? 0
-               : fail("remount %s read-only: %s", driver, strerror(errno));
+    return seal(driver);
 }
 
 static int usage(void) {
