@@ -79,6 +79,7 @@ def mokka(
 def test_the_wheel_carries_the_native_libraries_and_the_data_files(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     native = {"libnvidia-ml.so", "libcuda.so", "libmokka-state.so", "libmokka-sysfs.so", "mokka_state.h"}
+    native |= {"mokka-proc-hook", "nvidia-imex", "nvidia-imex-ctl"}  # the programs host setup stages
     assert {f"gpumodel/_native/{n}" for n in native} <= names
     data = {
         "gpumodel/profiles/h100.yaml",
