@@ -512,9 +512,13 @@ class Profile(Strict):
     def _module_id(self, index: int, spec: GpuSpec) -> int:
         if spec.module_id is not None and index in self.gpus and "module_id" in self.gpus[index]:
             return spec.module_id
-        if index < len(self.topology.module_ids):
-            return self.topology.module_ids[index]
-        return spec.module_id if spec.module_id is not None and self.gpu_count == 1 else index + 1
+        listed = self.topology.module_ids
+        if index < len(listed):
+            return listed[index]
+        if spec.module_id is not None and self.gpu_count == 1:
+            return spec.module_id
+        free = [m for m in range(1, MAX_GPUS + len(listed) + 1) if m not in listed]
+        return free[index - len(listed)]  # the smallest ids no listed GPU has: never a duplicate
 
     def _uuid(self, index: int, spec: GpuSpec) -> str:
         if spec.uuid and index in self.gpus and "uuid" in self.gpus[index]:

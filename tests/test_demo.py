@@ -111,12 +111,12 @@ def test_refuses_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_keep_then_stop() -> None:
     """--keep leaves it running; --stop as another user refuses and changes nothing; as root it removes all.
-    The GPU count defaults to the profile's: a100 has one."""
+    The GPU count defaults to the profile's: a100 has eight (an HGX A100)."""
     proc = mokka("--containerd", "2.1", "--profile", "a100", "--keep")
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    assert len([ln for ln in out.splitlines() if "NVIDIA A100" in ln]) == 1, out
-    assert "1x NVIDIA A100" in err
+    assert len([ln for ln in out.splitlines() if "NVIDIA A100" in ln]) == 8, out
+    assert "8x NVIDIA A100" in err
     assert "kept running" in err and (BASE / "sb" / "containerd.sock").exists()
     before = sorted(str(p) for p in BASE.rglob("*"))
     nobody = subprocess.run(

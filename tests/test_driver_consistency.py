@@ -112,7 +112,7 @@ def test_gpm_through_nvidia_smi_dmon(tmp_path: Path, smi: tuple[str, Path]) -> N
     # load a row can come before the next pair (printed '-'): the last row with values shows them
     shown = [row[-4:] for row in rows if row[-4:] != ["-"] * 4]
     assert shown and shown[-1] == ["80", "80", "40", "30"], out
-    turing = staged_with(tmp_path / "t", "t4")
+    turing = staged_with(tmp_path / "t", "t4", gpu_count=1)
     out = turing.run([str(smi[1]), "dmon", "--gpm-metrics", "1", "-c", "3"]).stdout
     rows = [line.split() for line in out.splitlines() if line.strip() and not line.startswith("#")]
     assert [r[-1] for r in rows][1:] == ["-", "-"], out

@@ -243,7 +243,7 @@ def test_cli_prints_one_line_per_step(tmp_path: Path) -> None:
     assert len(progress) == steps and all(line.startswith(f"[{i + 1}/{steps}] ") for i, line in enumerate(progress))
     assert len(res.stdout.splitlines()) == 1 and "mokka host cleanup" in res.stdout
     res = mokka(*args, "-v")
-    assert res.stdout.startswith("host setup: 1x Tesla T4") and len(res.stdout.splitlines()) == steps + 2
+    assert res.stdout.startswith("host setup: 4x Tesla T4") and len(res.stdout.splitlines()) == steps + 2
     res = mokka("host", "cleanup", "--root", str(root))
     assert res.stdout.count("\n") == 1 and "restored" in res.stdout
     res = mokka("host", "cleanup", "--root", str(root))

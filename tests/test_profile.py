@@ -44,6 +44,32 @@ def test_any_gpu_count(count: int) -> None:
     state.compile_profile(p)
 
 
+# The server a user means by the name (the quick start's `--set gpu.profile=<name>`): HGX/DGX
+# baseboards of eight, GB200/GB300 compute trays of four, T4 servers of four, L40S servers of eight.
+SERVER_GPUS = {"a100": 8, "b200": 8, "gb200": 4, "gb300": 4, "h100": 8, "h200": 8, "l40s": 8, "t4": 4}
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_default_count_is_the_server_a_user_runs(name: str) -> None:
+    """Each profile's default GPU count is its server's, whatever the capture's was; every GPU of it
+    has its own bus address and module id, including those beyond the capture's."""
+    p = profile.load(name)
+    assert p.gpu_count == SERVER_GPUS[name]
+    assert p.description.startswith(f"{p.gpu_count}x ")
+    for count in (1, p.gpu_count, 16):
+        devices = p.with_count(count).devices()
+        assert len({d.bus_id for d in devices}) == count, (name, count)
+        assert len({d.module_id for d in devices}) == count, (name, count)
+
+
+def test_a_captured_gpu_keeps_its_identity_beside_synthesized_ones() -> None:
+    """a100's capture is one GPU at bus 06:00.0, module 7: it stays GPU 0, and the seven added
+    take the free module ids."""
+    devices = profile.load("a100").devices()
+    assert (devices[0].bus_id, devices[0].module_id) == ("00000000:06:00.0", 7)
+    assert sorted(d.module_id for d in devices) == list(range(1, 9))
+
+
 def test_gpu_count_bounds() -> None:
     with pytest.raises(ValueError):
         profile.load("h100").with_count(65)
