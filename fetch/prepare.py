@@ -104,7 +104,7 @@ def _containerd(version: str) -> Item:
 
 
 # What the tests take from Go; each is built by `prepare --tests`, older builds are pruned.
-GO_BUILDS = (versions.HELM, versions.GO_NVML_PROBE)
+GO_BUILDS = (versions.HELM, versions.GO_NVML_PROBE, versions.REGISTRY)
 
 ITEMS: tuple[Item, ...] = (
     _smi("550", "the real nvidia-smi the demo's container runs"),
