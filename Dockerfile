@@ -56,11 +56,16 @@ RUN apt-get update \
         --shell /usr/sbin/nologin mokka
 COPY --from=build /opt/mokka/venv /opt/mokka/venv
 COPY --from=build /out/ /
+# run:ai fake-gpu-operator's mock backend runs this image as its nvml-mock DaemonSet: /scripts/entrypoint.sh
+# stages the node with `mokka host setup`, /scripts/cleanup.sh undoes it (localcluster/nodeimage.py copies
+# the same directory). That DaemonSet sets no user: build its image with --build-arg MOKKA_USER=0:0.
+COPY nvmlmock/ /scripts/
 ENV PATH=/opt/mokka/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 LABEL org.opencontainers.image.title="mokka" \
       org.opencontainers.image.description="Mock NVIDIA GPU node: host setup, NRI plugin, CDI, node identity" \
       org.opencontainers.image.licenses="Apache-2.0"
-USER 10001:10001
+ARG MOKKA_USER=10001:10001
+USER ${MOKKA_USER}
 CMD ["mokka", "--help"]

@@ -2,8 +2,9 @@
 archive for ``ctr images import``: Debian's Python 3 of this machine (interpreter, standard library,
 the shared libraries both need), Mokka's packages from this checkout with their native libraries,
 the runtime dependencies' installed files (the closure of Mokka's requirements, read from the
-installed distributions' metadata), busybox for ``/bin/sh``, and nvidia-smi at the path the chart
-expects."""
+installed distributions' metadata), busybox for ``/bin/sh``, nvidia-smi at the path the chart
+expects, and the repository's ``nvmlmock/`` at ``/scripts`` (run:ai fake-gpu-operator's mock backend
+runs the image as its nvml-mock DaemonSet)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ PACKAGES = (
 )  # fmt: skip
 STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "pydoc_data", "__pycache__", "config-3.11"}
 SMI_PATH = Path("usr/local/lib/mokka/nvidia-smi")
+SCRIPTS = Path("scripts")  # the repository's nvmlmock/, as the Dockerfile copies it
 ENV = (
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "PYTHONDONTWRITEBYTECODE=1",
@@ -105,6 +107,10 @@ def build(out: Path, nvidia_smi: Path | None, cache: Path | None = None) -> Path
     scripts.mkdir(parents=True)
     (scripts / "mokka").write_text("#!/usr/bin/python3\nimport sys\nfrom mokka.cli import main\nsys.exit(main())\n")
     (scripts / "mokka").chmod(0o755)
+    # FGO's mock-backend contract (its nvml-mock DaemonSet runs /scripts/entrypoint.sh, /scripts/cleanup.sh).
+    shutil.copytree(
+        repo / "nvmlmock", rootfs / SCRIPTS, ignore=lambda _d, names: [n for n in names if n == "__pycache__"]
+    )
     if nvidia_smi is not None:
         (rootfs / SMI_PATH).parent.mkdir(parents=True)
         shutil.copy2(nvidia_smi, rootfs / SMI_PATH)
