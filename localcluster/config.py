@@ -201,7 +201,12 @@ def containerd_config(node: NodeLayout, runc: Path, cni_bin: Path) -> dict[str, 
         "grpc": {"address": str(node.containerd_socket)},
         "ttrpc": {"address": str(node.containerd_socket) + ".ttrpc"},
         "plugins": {
-            "io.containerd.cri.v1.images": {"snapshotter": "overlayfs", "pinned_images": {"sandbox": PAUSE_IMAGE}},
+            "io.containerd.cri.v1.images": {
+                "snapshotter": "overlayfs",
+                "pinned_images": {"sandbox": PAUSE_IMAGE},
+                # hosts.toml per registry (write_registry_hosts), in the node's private /etc/containerd
+                "registry": {"config_path": REGISTRY_HOSTS},
+            },
             "io.containerd.cri.v1.runtime": {
                 "enable_cdi": True,
                 "cdi_spec_dirs": ["/etc/cdi", "/var/run/cdi"],  # private directories (namespace)
@@ -240,6 +245,24 @@ def containerd_config(node: NodeLayout, runc: Path, cni_bin: Path) -> dict[str, 
             },
         },
     }
+
+
+REGISTRY_HOSTS = "/etc/containerd/certs.d"  # containerd's registry host directory, in the node's namespace
+
+
+def registry_hosts(server: str) -> str:
+    """containerd's hosts.toml for a plain-HTTP registry at ``server`` (``HOST:PORT``): pull and
+    resolve from it over http."""
+    return f'server = "http://{server}"\n\n[host."http://{server}"]\n  capabilities = ["pull", "resolve"]\n'
+
+
+def write_registry_hosts(node: NodeLayout, server: str) -> Path:
+    """Let the node's containerd pull from the plain-HTTP registry ``server`` (``HOST:PORT``); it
+    reads the file at each pull, no restart."""
+    path = node.private("/etc/containerd") / Path(REGISTRY_HOSTS).relative_to("/etc/containerd") / server / "hosts.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(registry_hosts(server))
+    return path
 
 
 def write_containerd_config(node: NodeLayout, runc: Path, cni_bin: Path) -> Path:

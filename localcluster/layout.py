@@ -162,6 +162,10 @@ PRIVATE_PATHS = {
     # directory its DaemonSet mounts (created by containerd when missing).
     "/usr/local/nvidia": "ns/usr-local-nvidia",
     "/run/containers": "ns/run-containers",
+    # run:ai fake-gpu-operator's hostPaths: its device plugin's /var/lib/runai, and the driver root
+    # its mock backend's DaemonSet stages (FGO's nvml-mock contract).
+    "/var/lib/runai": "ns/runai",
+    "/var/lib/nvml-mock": "ns/nvml-mock",
 }
 
 
