@@ -455,25 +455,41 @@ def test_pairing_that_keeps_fgo_off_the_mokka_pool(cluster: Cluster, core: Any, 
     off it once the labels FGO put there are removed; Mokka's pod, restarted, labels its node again."""
     ok(fgo_install(cluster, fgo_chart, SCALE_ONLY, "--set", "builtinProfiles.enabled=false"))
     wait_for("nvml-mock-integration deleted", lambda: not _daemonset(cluster, "nvml-mock-integration"), 60)
+    refresh_fgo_nodes(cluster, core, [INTEGRATION])  # no status-updater of the old topology left after this
+    wait_for(
+        "one status-updater",
+        lambda: len(core.list_namespaced_pod(NS, label_selector="app=status-updater").items) == 1,
+        120,
+    )
     fgo_labels = [k for k in node_labels(core, INTEGRATION) if k.startswith("nvidia.com/gpu.deploy.")] + [
         "run.ai/fake.gpu"
     ]
     ok(kubectl(cluster, "label", "node", INTEGRATION, *(f"{k}-" for k in fgo_labels)))
-    refresh_fgo_nodes(cluster, core, [INTEGRATION])
     wait_for("FGO's DaemonSet pods off the integration node", lambda: _only_deployments_on(core, INTEGRATION), 120)
-    logs = ok(kubectl(cluster, "-n", NS, "logs", "deployment/status-updater"))
-    assert "nodepool integration not found in cluster topology" in logs, logs[-2000:]
+
+    def refused() -> bool:
+        live = [p for p in core.list_namespaced_pod(NS, label_selector="app=status-updater").items]
+        logs = [
+            core.read_namespaced_pod_log(p.metadata.name, NS) for p in live if p.metadata.deletion_timestamp is None
+        ]
+        return any("nodepool integration not found in cluster topology" in text for text in logs)
+
+    wait_for("status-updater leaving the integration node alone", refused, 60)
     assert not any(k.startswith("nvidia.com/gpu.deploy.") for k in node_labels(core, INTEGRATION))
     ok(kubectl(cluster, "rollout", "restart", "daemonset", "mokka"))
     ok(kubectl(cluster, "rollout", "status", "daemonset", "mokka", "--timeout=180s"))
-    wait_for(
-        "Mokka's labels back on its node",
-        lambda: (
-            node_labels(core, INTEGRATION).get("nvidia.com/gpu.product") == "NVIDIA-H100-80GB-HBM3"
-            and node_labels(core, INTEGRATION).get("nvidia.com/gpu.count") == "8"
-        ),
-        60,
-    )
+
+    def relabelled() -> bool:  # the new pod's node-identity step (the old one's preStop removed its record)
+        node = core.read_node(INTEGRATION).metadata
+        labels = node.labels or {}
+        return "mokka.io/node-identity" in (node.annotations or {}) and (
+            labels.get("nvidia.com/gpu.product"),
+            labels.get("nvidia.com/gpu.count"),
+            labels.get("nvidia.com/gpu.memory"),
+        ) == ("NVIDIA-H100-80GB-HBM3", "8", "81559")
+
+    wait_for("Mokka's labels back on its node", relabelled, 60)
+    assert "run.ai/fake.gpu" not in node_labels(core, INTEGRATION)
 
 
 def _only_deployments_on(core: Any, node: str) -> bool:
@@ -576,10 +592,16 @@ def test_mock_backend_served_by_mokkas_image(cluster: Cluster, core: Any, fgo_ch
     node = next(n for n in cluster.nodes if n.name == MOCK_NODE).layout
     run_nvidia, root = node.private("/run/nvidia"), node.private("/var/lib/nvml-mock")
     ready = run_nvidia / "validations" / "toolkit-ready"  # FGO's wrapper: once the driver link is there
+
+    def staged() -> bool:  # the entrypoint's last line: CDI spec and labels written too
+        logs = kubectl(cluster, "-n", NS, "logs", pod.metadata.name).stdout
+        return f"nvml-mock: node {MOCK_NODE} staged at /var/lib/nvml-mock" in logs
+
     try:
-        wait_for("FGO's toolkit-ready on the node", ready.is_file, 120)
+        wait_for("the nvml-mock pod's entrypoint done", staged, 120)
     except AssertionError:
-        raise AssertionError(kubectl(cluster, "-n", NS, "logs", "-l", selector, "--tail=40").stdout) from None
+        raise AssertionError(kubectl(cluster, "-n", NS, "logs", pod.metadata.name, "--tail=40").stdout) from None
+    assert ready.is_file()
     assert os.readlink(run_nvidia / "driver") == "/var/lib/nvml-mock/driver"
     assert json.loads((root / "node.json").read_text())["profile"] == "h100"
     spec = json.loads((node.private("/var/run/cdi") / "nvidia.com-gpu.json").read_text())
