@@ -62,6 +62,7 @@ __all__ = [
     "Podman",
     "base_rootfs",
     "build",
+    "cached_base",
     "full_name",
     "main",
 ]
@@ -198,6 +199,12 @@ def _cached_base(cache: Path) -> tuple[Path, str] | None:
     key = _key(_recipe(deb.name))
     tarball = _work(cache) / f"base-{SUITE}-slim-{key}.tar"
     return (tarball, key) if tarball.is_file() else None
+
+
+def cached_base(cache: Path | None = None) -> Path | None:
+    """The cached rootfs tarball of the current recipe, if made (never uses the network)."""
+    found = _cached_base(cache or debcache.default_cache())
+    return found[0] if found else None
 
 
 def base_rootfs(cache: Path | None = None) -> Path:
