@@ -24,6 +24,7 @@ __all__ = [
     "GO_MINIMUM",
     "GO_NVML_PROBE",
     "HELM",
+    "KIND",
     "NRI_API",
     "NVIDIA_SMI_SUITES",
     "REGISTRY",
@@ -129,6 +130,15 @@ HELM = GoBuild(
             for part, n in (("Major", 1), ("Minor", 33))
         ),
     ),
+)
+
+KIND_VERSION = "v0.33.0"
+KIND = GoBuild(
+    name="kind",
+    module="sigs.k8s.io/kind",
+    version=KIND_VERSION,
+    commands=("sigs.k8s.io/kind",),
+    why="the kind cluster test (tests/test_kind_cluster.py): kind on podman with a node image built here",
 )
 
 # A go-nvml program (the binding NVIDIA's device plugin and GFD use), from tests/go-nvml.

@@ -32,6 +32,17 @@ KUBERNETES = gobuild.GoBuild(
     staging_version=versions.KUBERNETES_STAGING,
 )
 
+# kubeadm (kind's node image runs it), apart from KUBERNETES so that build's key stays: the same
+# version and stamped version as the other commands.
+KUBEADM = gobuild.GoBuild(
+    name="kubeadm",
+    module="k8s.io/kubernetes",
+    version=versions.KUBERNETES,
+    commands=("k8s.io/kubernetes/cmd/kubeadm",),
+    ldflags=tuple(_K8S_VERSION_VARS),
+    staging_version=versions.KUBERNETES_STAGING,
+)
+
 DEVICE_PLUGIN = gobuild.GoBuild(
     name="k8s-device-plugin",
     module="github.com/NVIDIA/k8s-device-plugin",
