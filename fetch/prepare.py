@@ -104,7 +104,34 @@ def _containerd(version: str) -> Item:
 
 
 # What the tests take from Go; each is built by `prepare --tests`, older builds are pruned.
-GO_BUILDS = (versions.HELM, versions.GO_NVML_PROBE, versions.REGISTRY)
+GO_BUILDS = (versions.HELM, versions.GO_NVML_PROBE, versions.REGISTRY, versions.KIND)
+
+
+def _kind_node_done(cache: Path) -> bool:
+    """Whether kind's node image and podman's DNS for it are there. They are a checkout's developer
+    tooling (kind/, above every package, imported only here and only when present): without
+    kind/ (an installed wheel) there is nothing to do."""
+    try:
+        from kind import nodeimage, provider
+    except ImportError:
+        return True
+    try:
+        return nodeimage.cached(cache) is not None and provider.dns_tools_cached(cache)
+    except nodeimage.ImageError:  # the Kubernetes build it needs is missing
+        return False
+
+
+def _kind_node_make(cache: Path) -> object:
+    from kind import nodeimage, provider
+
+    try:
+        kube_gobuild.build(kube_binaries.KUBEADM, cache)
+        kube_binaries.ensure(cache)
+        provider.dns_tools(cache)
+        return nodeimage.build(cache)
+    except (kube_gobuild.BuildError, nodeimage.ImageError, provider.ProviderError) as exc:
+        raise gotool.BuildError(f"kind's node image: {exc}") from None
+
 
 ITEMS: tuple[Item, ...] = (
     _smi("550", "the real nvidia-smi the demo's container runs"),
@@ -177,6 +204,14 @@ ITEMS: tuple[Item, ...] = (
         lambda cache: gpu_operator.ensure(cache).operator,
         tests=True,
     ),
+    Item(
+        f"kind's node image (Debian bookworm, containerd 2.1, Kubernetes {kube_versions.KUBERNETES} with kubeadm, "
+        "the control-plane images) and podman's dnsname CNI plugin (Debian)",
+        "tests/test_kind_cluster.py: real kind on podman (cold: kubeadm's Go build, about 4 minutes, and 1 minute)",
+        _kind_node_done,
+        _kind_node_make,
+        tests=True,
+    ),
 )
 
 
@@ -211,7 +246,8 @@ def prepare(*, tests: bool = False, cache: Path | None = None) -> None:
                 note("Debian's Go toolchain removed (its .debs stay)")
             if stale := gotool.prune(list(GO_BUILDS), cache):
                 note("removed stale Go builds and caches: " + ", ".join(stale))
-            if stale := kube_gobuild.prune((*kube_binaries.GO_BUILDS, *gpu_operator.GO_BUILDS), cache):
+            kube_builds = (*kube_binaries.GO_BUILDS, kube_binaries.KUBEADM, *gpu_operator.GO_BUILDS)
+            if stale := kube_gobuild.prune(kube_builds, cache):
                 note("removed stale cluster builds: " + ", ".join(stale))
         sizes = {d.name: _size(d) for d in sorted(cache.iterdir()) if d.is_dir()}
         note(
