@@ -507,22 +507,35 @@ def _podman_build(podman: Podman, name: str, nvidia_smi: str, work: Path, note: 
         note(f"{pruned} stale images pruned")
 
 
+def _save(podman: Podman, name: str, out: Path) -> None:
+    """``podman save`` of ``name`` as a docker archive at ``out`` (written beside it, then renamed)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.unlink(missing_ok=True)
+    res = podman("save", "--format", "docker-archive", "--output", partial, name)
+    if res.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise ImageError(f"podman save of {name} failed: {_last(res)}")
+    partial.rename(out)
+
+
 def build(
     out: Path,
     *,
     tag: str = "mokka:dev",
     nvidia_smi: str = "550",
+    base_out: Path | None = None,
     cache: Path | None = None,
     progress: Progress | None = None,
 ) -> Path:
-    """Build the Dockerfile's image on the local base and save it as a docker archive at ``out``."""
+    """Build the Dockerfile's image on the local base and save it as a docker archive at ``out``
+    (with ``base_out``, the base image too: kind's nodes cannot pull it either)."""
     cache = cache or debcache.default_cache()
     progress = progress or Progress(4, prefix="dockerfile-image ")
     name = full_name(tag)
     out = out.absolute()
     if os.geteuid() != 0:
         raise ImageError("needs root (podman's private store and runc run as root here)")
-    out.parent.mkdir(parents=True, exist_ok=True)
     work = _work(cache)
     with _locked(cache):
         with progress.step(f"base image {BASE_IMAGE} (mmdebstrap {SUITE} minbase, slim)") as note:
@@ -536,14 +549,12 @@ def build(
             ) as note:
                 _podman_build(podman, name, nvidia_smi, work, note)
             with progress.step(f"docker archive {out}") as note:
-                partial = out.with_name(out.name + ".partial")
-                partial.unlink(missing_ok=True)
-                res = podman("save", "--format", "docker-archive", "--output", partial, name)
-                if res.returncode != 0:
-                    partial.unlink(missing_ok=True)
-                    raise ImageError(f"podman save failed: {_last(res)}")
-                partial.rename(out)
-                note(f"{out.stat().st_size / 1e6:.0f} MB; `kind load image-archive {out}`")
+                _save(podman, name, out)
+                note(f"{out.stat().st_size / 1e6:.0f} MB")
+                if base_out is not None:
+                    _save(podman, BASE_IMAGE, base_out.absolute())
+                    note(f"base image: {base_out}")
+                note(f"`kind load image-archive {out}`")
     return out
 
 
@@ -562,11 +573,17 @@ def main(argv: list[str] | None = None) -> int:
         help="Debian's nvidia-smi in the image: 550 (default), 535, or '' for none (the Dockerfile's NVIDIA_SMI)",
     )  # fmt: skip
     ap.add_argument(
+        "--base-out",
+        type=Path,
+        metavar="PATH",
+        help="also write the base image debian:bookworm-slim as a docker archive here (kind's nodes cannot pull it)",
+    )
+    ap.add_argument(
         "--cache", type=Path, default=None, metavar="DIR", help="the cache (default: $MOKKA_CACHE or ~/.cache/mokka)"
     )
     args = ap.parse_args(argv)
     try:
-        out = build(args.out, tag=args.tag, nvidia_smi=args.nvidia_smi, cache=args.cache)
+        out = build(args.out, tag=args.tag, nvidia_smi=args.nvidia_smi, base_out=args.base_out, cache=args.cache)
     except (ImageError, SandboxError, debcache.FetchError) as exc:
         print(f"dockerfile_image: error: {exc}", file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@ cache) Debian's archive and PyPI are needed; later builds come from the cache.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -44,7 +45,7 @@ NAME = "docker.io/library/mokka:dev"
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     var_lib_containers = Path("/var/lib/containers").exists()
     out = tmp_path_factory.mktemp("dockerfile-image") / "mokka.tar"
-    di.build(out, tag="mokka:dev", nvidia_smi="550")
+    di.build(out, tag="mokka:dev", nvidia_smi="550", base_out=out.with_name("debian.tar"))
     if not var_lib_containers:
         assert not Path("/var/lib/containers").exists(), "podman wrote into the host's /var/lib/containers"
     return out
@@ -82,17 +83,30 @@ def probe(loaded: di.Podman) -> dict[str, str]:
     return dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
 
 
+def repo_tags(archive: Path) -> list[list[str]]:
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("manifest.json")
+        assert member is not None
+        return [m["RepoTags"] for m in json.load(member)]
+
+
+def test_archives_name_the_images_as_containerd_reads_them(archive: Path) -> None:
+    assert repo_tags(archive) == [[NAME]]
+    assert repo_tags(archive.with_name("debian.tar")) == [[di.BASE_IMAGE]]  # the smoke pod's image
+
+
 def test_containerd_imports_it_as_kind_load_does(archive: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """`kind load image-archive` runs `ctr -n k8s.io images import --all-platforms --digests` on each
     node: a private containerd 2.1 does the same, and CRI then lists the name `image: mokka:dev` means."""
     base = tmp_path_factory.mktemp("sb")  # short: unix socket paths are limited to 108 bytes
     shutil.rmtree(base)
     with sandbox.Sandbox(base, "2.1") as box:
-        box.ctr("images", "import", "--all-platforms", "--digests", str(archive), timeout=300)
+        for tarball in (archive, archive.with_name("debian.tar")):
+            box.ctr("images", "import", "--all-platforms", "--digests", str(tarball), timeout=300)
         deadline = time.monotonic() + 30
-        while NAME not in box.images() and time.monotonic() < deadline:
+        while not {NAME, di.BASE_IMAGE} <= set(box.images()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert NAME in box.images()
+        assert {NAME, di.BASE_IMAGE} <= set(box.images())
     assert cleanup.leftovers(base) == []
 
 
