@@ -302,9 +302,10 @@ class KindEnvironment:
             cleanup.wait_gone(left, 10)
         for d in self._podman_cgroups():
             cleanup.rmdir_cgroup(d, problems)
-        if not self.had_podman_cgroup:
+        if not self.had_podman_cgroup:  # podman made it for us; another podman may use it now
             for d in cleanup.cgroup_dirs(PODMAN_CGROUP_PARENT):
-                cleanup.rmdir_cgroup(d, problems)
+                with contextlib.suppress(OSError):
+                    d.rmdir()
         for mount in cleanup.mounts_under(self.base):
             try:
                 cleanup.unmount(mount)
@@ -337,8 +338,6 @@ class KindEnvironment:
             found += [f"mount {line.split()[4]}" for line in fh if str(self.base) in line and line.split()[4]
                       not in {str(m) for m in cleanup.mounts_under(self.base)}]  # fmt: skip
         found += [f"cgroup {d}" for d in self._podman_cgroups()]
-        if not self.had_podman_cgroup:
-            found += [f"cgroup {d}" for d in cleanup.cgroup_dirs(PODMAN_CGROUP_PARENT)]
         if self.base.exists():
             found.append(f"directory {self.base}")
         return found

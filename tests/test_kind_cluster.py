@@ -112,11 +112,20 @@ def test_kind_create_ready_delete_leaves_nothing(parts: dict[str, Path], base: P
         assert all(r[2].startswith("containerd://2.1.") for r in rows), rows
         assert sorted(r[3] for r in rows[1:]) == ["integration", "scale", "scale"]
 
+        # what podman's CNI made lives in the private network namespace, not the host's
+        inside = env.run(["ip", "-o", "link"]).stdout + env.run(["iptables-save"]).stdout
+        assert "cni-podman" in inside and "CNI-" in inside
+        links = provider.host_state()["links"]
+        assert isinstance(links, list) and not any("cni-podman" in link for link in links)
+
         env.kind("delete", "cluster", "--name", NAME, timeout=180)
         lap("kind delete cluster")
         assert env.podman("ps", "--all", "--quiet").split() == []
         assert env.podman("volume", "ls", "--quiet").split() == []
         assert NAME not in env.kind("get", "clusters").stdout.split()
+        # kind leaves its podman network (bridge, CNI chains, forwarding): close() removes it and
+        # ends the namespace it lives in
+        assert "kind" in env.podman("network", "ls", "--format", "{{.Name}}").split()
     finally:
         problems = env.close()
         lap("close (namespaces, cgroups, storage)")
