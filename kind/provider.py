@@ -25,6 +25,12 @@ CAP_SYS_RESOURCE, open files capped at 20000, no ``/lib/modules``, no Docker):
 :func:`host_state` and :meth:`KindEnvironment.leftovers` are how a caller proves that nothing
 was left: the host network namespace's links, addresses, routes, iptables chains and forwarding
 sysctls unchanged, no process, mount or cgroup of the environment.
+
+By hand (root, from the checkout, after ``.ci/setup --tests``)::
+
+    python -m kind.provider up /tmp/mk        # 1 control plane + 3 workers, Ready (about 40 s)
+    python -m kind.provider run /tmp/mk -- kubectl get nodes -o wide
+    python -m kind.provider down /tmp/mk      # kind delete cluster, then the proof
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from containers import cleanup
 from fetch import containerd_dist, debcache
@@ -190,10 +197,10 @@ class KindEnvironment:
         ready = b / "holder" / "ready"
         ready.parent.mkdir()
         log = (b / "holder" / "log").open("wb")
-        self.holder = subprocess.Popen(
+        self.holder = subprocess.Popen(  # its own session: it outlives a `up` command line
             ["unshare", "--net", "--mount", "--propagation", "private", "--",
              sys.executable, "-m", "localcluster.namespace", str(b / "namespace.json"), str(ready)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
+            stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + 30
         while not ready.exists():
@@ -283,13 +290,7 @@ class KindEnvironment:
             ):
                 with contextlib.suppress(ProviderError):
                     self.podman(*args, check=False)
-        if self.holder is not None:
-            self.holder.send_signal(signal.SIGTERM)
-            try:
-                self.holder.wait(15)
-            except subprocess.TimeoutExpired:
-                self.holder.kill()
-                self.holder.wait()
+        self._stop_holder()
         # conmon, dnsmasq and the containers' processes, should any have outlived podman rm
         members = _netns_members(self.netns) if self.netns else []
         for pid in members:
@@ -316,6 +317,51 @@ class KindEnvironment:
         self.holder_pid = 0
         return problems
 
+    def _stop_holder(self) -> None:
+        """End the namespace holder (started here, or by an earlier process: :meth:`load`)."""
+        if self.holder is not None:
+            self.holder.send_signal(signal.SIGTERM)
+            try:
+                self.holder.wait(15)
+            except subprocess.TimeoutExpired:
+                self.holder.kill()
+                self.holder.wait()
+        elif self.holder_pid:
+            cleanup.kill(self.holder_pid, signal.SIGTERM)
+            if cleanup.wait_gone([self.holder_pid], 15):
+                cleanup.kill(self.holder_pid)
+                cleanup.wait_gone([self.holder_pid], 5)
+
+    def save(self, **extra: object) -> None:
+        """Write what :meth:`load` needs (and ``extra``) to ``base/state.json``."""
+        state = {
+            "holder_pid": self.holder_pid,
+            "netns": self.netns,
+            "container_ids": sorted(self.container_ids),
+            "had_podman_cgroup": self.had_podman_cgroup,
+            "kind": str(self.kind_binary),
+            "kubectl": str(self.kubectl_binary),
+            **extra,
+        }
+        (self.base / "state.json").write_text(json.dumps(state, indent=1))
+
+    @classmethod
+    def load(cls, base: Path, cache: Path | None = None) -> tuple[KindEnvironment, dict[str, Any]]:
+        """The environment an earlier process started under ``base`` (``up``), and its saved state."""
+        try:
+            state = json.loads((base / "state.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ProviderError(f"{base}: no environment started there ({exc})") from None
+        env = cls(base, Path(state["kind"]), Path(state["kubectl"]), cache)
+        env.holder_pid, env.netns = int(state["holder_pid"]), int(state["netns"])
+        env.container_ids = set(state["container_ids"])
+        env.had_podman_cgroup = bool(state["had_podman_cgroup"])
+        env.dns = dns_tools(cache)
+        env.owned = True
+        if not Path(f"/proc/{env.holder_pid}").exists():
+            raise ProviderError(f"{base}: its namespace holder ({env.holder_pid}) is gone: `down` cleans up")
+        return env, state
+
     def _podman_cgroups(self) -> list[Path]:
         """Cgroup directories (any hierarchy) named after one of this environment's containers."""
         if not self.container_ids:
@@ -329,8 +375,8 @@ class KindEnvironment:
             for pid, argv in cleanup.processes([str(self.base)], within=True).items()
             if not cleanup.zombie(pid)
         ]
-        if self.holder is not None and self.holder.poll() is None:
-            found.append(f"process {self.holder.pid}: the namespace holder")
+        if self.holder_pid and not cleanup.zombie(self.holder_pid):
+            found.append(f"process {self.holder_pid}: the namespace holder")
         if self.netns:
             found += [f"process {pid}: in the private network namespace" for pid in _netns_members(self.netns)]
         found += [f"mount {m}" for m in cleanup.mounts_under(self.base)]
@@ -361,3 +407,100 @@ def cluster_config(source: Path, image: str, etcd_tag: str) -> str:
     patch = f"kind: ClusterConfiguration\netcd:\n  local:\n    imageTag: {etcd_tag}\n"
     config["kubeadmConfigPatches"] = [*config.get("kubeadmConfigPatches", []), patch]
     return str(yaml.safe_dump(config, sort_keys=False))
+
+
+USAGE = """\
+python -m kind.provider up DIR [--name NAME] [--config FILE]   kind create cluster (nodes Ready), kept
+python -m kind.provider run DIR -- COMMAND...                  COMMAND in its namespaces (kubectl, kind, podman on PATH)
+python -m kind.provider down DIR                               kind delete cluster, clean up, prove nothing is left"""
+
+
+def _up(base: Path, name: str, config: Path) -> int:
+    from fetch import prepare, versions
+    from fetch.kube import binaries
+    from kind import nodeimage
+
+    kube = binaries.cached()
+    image = nodeimage.cached()
+    if kube is None or image is None:
+        raise ProviderError(f"the Kubernetes build or kind's node image is missing: {prepare.HOW}")
+    base.mkdir(parents=True, exist_ok=True)
+    before = host_state()
+    env = KindEnvironment(base, prepare.go_binary(versions.KIND), kube.kubernetes / "kubectl")
+    t0 = time.monotonic()
+    try:
+        env.start()
+        env.load_image(image, nodeimage.NODE_IMAGE)
+        (base / "cluster.yaml").write_text(cluster_config(config, nodeimage.NODE_IMAGE, nodeimage.etcd_image_tag()))
+        env.kind("create", "cluster", "--name", name, "--config", str(base / "cluster.yaml"))
+        env.record_containers()
+        env.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=300s", timeout=320)
+    except BaseException:
+        env.close()
+        raise
+    env.save(name=name, host=before)
+    print(env.kubectl("get", "nodes").rstrip())
+    print(f"cluster {name} up in {time.monotonic() - t0:.0f}s; `python -m kind.provider run {base} -- kubectl ...`")
+    return 0
+
+
+def _run(base: Path, command: list[str]) -> int:
+    env, _state = KindEnvironment.load(base)
+    path = f"{env.kind_binary.parent}:{env.kubectl_binary.parent}:{env.env()['PATH']}"
+    res = env.run(command, check=False, timeout=3600, env={"PATH": path})
+    sys.stdout.write(res.stdout)
+    sys.stderr.write(res.stderr)
+    return res.returncode
+
+
+def _down(base: Path) -> int:
+    if not base.is_dir():
+        raise ProviderError(f"{base}: no environment there")
+    state: dict[str, Any]
+    try:
+        env, state = KindEnvironment.load(base)
+    except ProviderError:  # its holder is gone (a reboot, a kill): clean up what is left
+        state = json.loads((base / "state.json").read_text()) if (base / "state.json").is_file() else {}
+        env = KindEnvironment(base, Path(state.get("kind", "kind")), Path(state.get("kubectl", "kubectl")))
+        env.owned, env.netns = base.is_dir(), int(state.get("netns", 0))
+        env.container_ids = set(state.get("container_ids", []))
+    else:
+        env.kind("delete", "cluster", "--name", str(state["name"]), timeout=300)
+    problems = env.close() + env.leftovers()
+    before = state.get("host")
+    if isinstance(before, dict):
+        after = host_state()
+        problems += [f"host network changed: {k}" for k in before if before[k] != after[k]]
+    if problems:
+        raise ProviderError("; ".join(problems))
+    print(f"{base}: deleted; no process, mount, cgroup or directory left, the host's network unchanged")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2 or args[0] not in ("up", "run", "down") or (args[0] == "run" and "--" not in args):
+        print(USAGE, file=sys.stderr)
+        return 2
+    base = Path(args[1]).absolute()
+    try:
+        if args[0] == "up":
+            opts = dict(zip(args[2::2], args[3::2], strict=False))
+            unknown = set(opts) - {"--name", "--config"}
+            if unknown or len(args[2:]) % 2:
+                print(USAGE, file=sys.stderr)
+                return 2
+            repo = Path(__file__).resolve().parent
+            return _up(
+                base, opts.get("--name", "mokka"), Path(opts.get("--config", repo / "cluster-containerd-2.yaml"))
+            )
+        if args[0] == "run":
+            return _run(base, args[args.index("--") + 1 :])
+        return _down(base)
+    except Exception as exc:  # every failure is one line here, never a traceback
+        print(f"kind.provider: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
