@@ -454,6 +454,15 @@ def _import_base(podman: Podman, tarball: Path, key: str) -> bool:
     return True
 
 
+def _remove_containers(podman: Podman) -> int:
+    """Remove every container in the store: the store is this tool's alone (and locked), so any
+    container there is a build's working container left by an interrupted build."""
+    ids = podman("ps", "--all", "--storage", "--format", "{{.ID}}").stdout.split()
+    if ids and (res := podman("rm", "--force", *ids)).returncode != 0:
+        raise ImageError(f"cannot remove an interrupted build's containers: {_last(res)}")
+    return len(ids)
+
+
 def _stages(dockerfile: Path) -> list[str]:
     """The Dockerfile's stages in order, by name (``FROM ... AS name``) or index."""
     stages: list[str] = []
@@ -491,6 +500,8 @@ def _podman_build(podman: Podman, name: str, nvidia_smi: str, work: Path, note: 
     if bundle := _pip_ca_bundle():
         common += ["--volume", f"{_build_home(podman.base, bundle)}:/root"]
         note(f"pip trusts {bundle}")
+    if left := _remove_containers(podman):
+        note(f"{left} containers of an interrupted build removed")
     version = name.rsplit(":", 1)[1]
     builds = [
         (f"localhost/mokka-dockerfile-stage-{s}:{version}", ["--target", s]) for s in _stages(REPO / "Dockerfile")[:-1]
@@ -586,6 +597,9 @@ def main(argv: list[str] | None = None) -> int:
         out = build(args.out, tag=args.tag, nvidia_smi=args.nvidia_smi, base_out=args.base_out, cache=args.cache)
     except (ImageError, SandboxError, debcache.FetchError) as exc:
         print(f"dockerfile_image: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"dockerfile_image: error: {exc.filename or 'I/O'}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("dockerfile_image: interrupted", file=sys.stderr)
