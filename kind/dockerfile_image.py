@@ -230,7 +230,7 @@ def _base_rootfs(cache: Path) -> tuple[Path, str, bool]:
         sources.write_text(_sources())
         partial = Path(tmp) / "rootfs.tar"
         argv: list[str] = [
-            "unshare", "--mount", "--pid", "--fork", "--propagation", "private",
+            "unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private",
             str(mmdebstrap), "--quiet", "--mode=root", "--variant=minbase", "--format=tar",
             f"--architectures={debcache.ARCH}", f"--hook-dir={mmdebstrap.parents[2] / HOOK_DIR}",
         ]  # fmt: skip
