@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,32 +107,6 @@ def _containerd(version: str) -> Item:
 GO_BUILDS = (versions.HELM, versions.GO_NVML_PROBE, versions.REGISTRY, versions.KIND)
 
 
-def _kind_node_done(cache: Path) -> bool:
-    """Whether kind's node image and podman's DNS for it are there. They are a checkout's developer
-    tooling (kind/, above every package, imported only here and only when present): without
-    kind/ (an installed wheel) there is nothing to do."""
-    try:
-        from kind import nodeimage, provider
-    except ImportError:
-        return True
-    try:
-        return nodeimage.cached(cache) is not None and provider.dns_tools_cached(cache)
-    except nodeimage.ImageError:  # the Kubernetes build it needs is missing
-        return False
-
-
-def _kind_node_make(cache: Path) -> object:
-    from kind import nodeimage, provider
-
-    try:
-        kube_gobuild.build(kube_binaries.KUBEADM, cache)
-        kube_binaries.ensure(cache)
-        provider.dns_tools(cache)
-        return nodeimage.build(cache)
-    except (kube_gobuild.BuildError, nodeimage.ImageError, provider.ProviderError) as exc:
-        raise gotool.BuildError(f"kind's node image: {exc}") from None
-
-
 ITEMS: tuple[Item, ...] = (
     _smi("550", "the real nvidia-smi the demo's container runs"),
     _smi("535", "the tests run 535 too"),
@@ -204,14 +178,6 @@ ITEMS: tuple[Item, ...] = (
         lambda cache: gpu_operator.ensure(cache).operator,
         tests=True,
     ),
-    Item(
-        f"kind's node image (Debian bookworm, containerd 2.1, Kubernetes {kube_versions.KUBERNETES} with kubeadm, "
-        "the control-plane images) and podman's dnsname CNI plugin (Debian)",
-        "tests/test_kind_cluster.py: real kind on podman (cold: kubeadm's Go build, about 4 minutes, and 1 minute)",
-        _kind_node_done,
-        _kind_node_make,
-        tests=True,
-    ),
 )
 
 
@@ -227,10 +193,11 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) if path.exists() else 0
 
 
-def prepare(*, tests: bool = False, cache: Path | None = None) -> None:
-    """Make every item (``tests``: the tests' too); raise on the first failure."""
+def prepare(*, tests: bool = False, cache: Path | None = None, extra: Sequence[Item] = ()) -> None:
+    """Make every item (``tests``: the tests' too), then ``extra`` (what a checkout's developer
+    tooling adds: kind.prepare); raise on the first failure."""
     cache = cache or debcache.default_cache()
-    items = [i for i in ITEMS if tests or not i.tests]
+    items = [i for i in (*ITEMS, *extra) if tests or not i.tests]
     progress = Progress(len(items) + 1, prefix="prepare ")
     for item in items:
         with progress.step(f"{item.what} — {item.why}") as note:
@@ -257,8 +224,8 @@ def prepare(*, tests: bool = False, cache: Path | None = None) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fetch.prepare", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, extra: Sequence[Item] = (), prog: str = "python -m fetch.prepare") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--tests", action="store_true", help="also what only the tests need (Go builds included)")
     ap.add_argument(
         "--cache", type=Path, default=None, help="cache directory (default: $MOKKA_CACHE or ~/.cache/mokka)"
@@ -267,12 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cache = args.cache or debcache.default_cache()
     if args.list:
-        for item in ITEMS:
+        for item in (*ITEMS, *extra):
             state = "cached" if item.done(cache) else "missing"
             print(f"{'tests' if item.tests else 'demo ':<6}{state:<8}{item.what}: {item.why}")
         return 0
     try:
-        prepare(tests=args.tests, cache=cache)
+        prepare(tests=args.tests, cache=cache, extra=extra)
     except (debcache.FetchError, bindings.BindingsError, gotool.BuildError, OSError, ValueError) as exc:
         print(f"prepare: error: {exc}", file=sys.stderr)
         return 1

@@ -26,6 +26,9 @@ CAP_SYS_RESOURCE, open files capped at 20000, no ``/lib/modules``, no Docker):
 was left: the host network namespace's links, addresses, routes, iptables chains and forwarding
 sysctls unchanged, no process, mount or cgroup of the environment.
 
+One file, though long: the set-up, every command run in the environment and the clean-up with its
+proof share one holder process, one directory and one podman configuration, which nothing else uses.
+
 By hand (root, from the checkout, after ``.ci/setup --tests``)::
 
     python -m kind.provider up /tmp/mk        # 1 control plane + 3 workers, Ready (about 40 s)

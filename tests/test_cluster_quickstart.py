@@ -44,9 +44,10 @@ def helm(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     image = ["--set", f"image.repository={repository}", "--set-string", f"image.tag={tag}"]
     image += ["--set", "image.pullPolicy=Never"]
     binary = prepare.go_binary(versions.HELM)  # built by .ci/setup --tests
+    where = ["--namespace", NAMESPACE, "--kubeconfig", str(cluster.kubeconfig)]
 
     def run(verb: str, *args: str) -> str:
-        argv = [str(binary), verb, RELEASE, str(CHART), "--namespace", NAMESPACE, "--kubeconfig", str(cluster.kubeconfig)]
+        argv = [str(binary), verb, RELEASE, str(CHART), *where]
         res = subprocess.run([*argv, *image, *args, "--wait", "--timeout", "300s"], capture_output=True, text=True)
         assert res.returncode == 0, res.stderr[-2000:]
         # helm's --wait can pass a DaemonSet whose status the controller has not filled in yet
@@ -54,10 +55,7 @@ def helm(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         return res.stdout
 
     yield run
-    subprocess.run(
-        [str(binary), "uninstall", RELEASE, "--namespace", NAMESPACE, "--kubeconfig", str(cluster.kubeconfig), "--wait"],
-        capture_output=True, check=False,
-    )  # fmt: skip
+    subprocess.run([str(binary), "uninstall", RELEASE, *where, "--wait"], capture_output=True, check=False)
 
 
 @pytest.fixture(scope="module")
