@@ -5,10 +5,12 @@
 #   kind/bootstrap.sh [--containerd 1.7|2] [--name NAME] [--profile NAME] [--gpus N]
 #                     [--image REPO:TAG] [--nvidia-smi 550|535] [--fgo] [--delete]
 #
-# Needs docker and kubectl on PATH; kind and helm are taken from PATH or built with
-# `go install` at pinned versions (fetch.gotool). Nothing here runs on Mokka's own CI
-# machines (no container engine there): tests/test_kind.py keeps this script and the cluster
-# configs consistent with the chart instead.
+# Needs docker or podman, and kubectl, on PATH; kind and helm are taken from PATH, else from
+# `.ci/setup --tests` (fetch.prepare), else built with `go install` at pinned versions
+# (fetch.gotool). Without docker (or its daemon) kind runs on podman (KIND_EXPERIMENTAL_PROVIDER=
+# podman), and the image is built by kind/dockerfile_image.py and loaded as archives, with
+# debian:bookworm-slim (the smoke pod's image): tests/test_kind_bootstrap.py runs this script
+# so in kind/provider.py's namespaces; tests/test_kind.py keeps it consistent with the chart.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,7 +28,7 @@ NAMESPACE=mokka
 POOL_LABEL=run.ai/simulated-gpu-node-pool
 HELM_VERSION=v3.18.6
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 say() { printf '\n== %s\n' "$*"; }
 die() { printf 'bootstrap: error: %s\n' "$*" >&2; exit 1; }
 
@@ -58,12 +60,28 @@ CONTEXT="kind-$NAME"
 gotool() {
   (cd "$REPO" && python3 -c "import sys; from fetch import gotool; print(gotool.install(sys.argv[1]))" "$1")
 }
+# A tool `.ci/setup --tests` built (fetch.versions.KIND, .HELM), if it did.
+prepared() {
+  (cd "$REPO" && python3 -c "import sys; from fetch import prepare, versions; print(prepare.go_binary(getattr(versions, sys.argv[1])))" "$1" 2>/dev/null) || true
+}
 
-command -v docker >/dev/null || die "docker is needed (kind runs its nodes as containers)"
+command -v docker >/dev/null || command -v podman >/dev/null \
+  || die "docker or podman is needed (kind runs its nodes as containers)"
+# podman when kind is told so, or when there is no docker that answers (a docker CLI without
+# its daemon is common); docker otherwise
+if [ "${KIND_EXPERIMENTAL_PROVIDER:-}" = podman ] \
+  || { command -v podman >/dev/null && ! { command -v docker >/dev/null && docker info >/dev/null 2>&1; }; }; then
+  ENGINE=podman
+  export KIND_EXPERIMENTAL_PROVIDER=podman
+else
+  ENGINE=docker
+fi
 command -v kubectl >/dev/null || die "kubectl is needed"
 KIND="$(command -v kind || true)"
+[ -n "$KIND" ] || KIND="$(prepared KIND)"
 [ -n "$KIND" ] || KIND="$(gotool "sigs.k8s.io/kind@$KIND_VERSION")"
 HELM="$(command -v helm || true)"
+[ -n "$HELM" ] || HELM="$(prepared HELM)"
 [ -n "$HELM" ] || HELM="$(gotool "helm.sh/helm/v3/cmd/helm@$HELM_VERSION")"
 "$KIND" version | grep -q "$KIND_VERSION" || printf 'note: %s was built for kind %s; this is %s\n' \
   "$(basename "$CONFIG")" "$KIND_VERSION" "$("$KIND" version)"
@@ -81,9 +99,22 @@ else
 fi
 kubectl --context "$CONTEXT" get nodes -L "$POOL_LABEL"
 
-say "image $IMAGE (nvidia-smi $NVIDIA_SMI)"
-docker build -t "$IMAGE" --build-arg "NVIDIA_SMI=$NVIDIA_SMI" "$REPO"
-"$KIND" load docker-image "$IMAGE" --name "$NAME"
+say "image $IMAGE (nvidia-smi $NVIDIA_SMI, $ENGINE)"
+if [ "$ENGINE" = docker ]; then
+  docker build -t "$IMAGE" --build-arg "NVIDIA_SMI=$NVIDIA_SMI" "$REPO"
+  "$KIND" load docker-image "$IMAGE" --name "$NAME"
+else
+  # kind's podman provider loads archives; the nodes cannot pull debian:bookworm-slim either
+  ARCHIVES="$(mktemp -d "${TMPDIR:-/tmp}/mokka-bootstrap.XXXXXX")"
+  trap 'rm -rf "$ARCHIVES"' EXIT
+  ARCHIVE="$ARCHIVES/image.tar"
+  BASE_ARCHIVE="$ARCHIVES/debian-bookworm-slim.tar"
+  (cd "$REPO" && python3 -m kind.dockerfile_image --out "$ARCHIVE" --base-out "$BASE_ARCHIVE" --tag "$IMAGE" \
+    --nvidia-smi "$NVIDIA_SMI")
+  KIND_EXPERIMENTAL_PROVIDER=podman "$KIND" load image-archive "$ARCHIVE" --name "$NAME"
+  KIND_EXPERIMENTAL_PROVIDER=podman "$KIND" load image-archive "$BASE_ARCHIVE" --name "$NAME"
+  rm -rf "$ARCHIVES"
+fi
 
 say "chart: Mokka on the integration pool"
 set -- --set "image.repository=${IMAGE%:*}" --set-string "image.tag=${IMAGE##*:}" --set image.pullPolicy=Never \
@@ -95,6 +126,9 @@ if $FGO; then
 fi
 "$HELM" upgrade --install mokka "$REPO/charts/mokka" --kube-context "$CONTEXT" \
   --namespace "$NAMESPACE" --create-namespace "$@" --wait --timeout 300s
+# helm's --wait can pass a DaemonSet that has scheduled nothing yet: the smoke pod must not start
+# before the NRI plugin runs
+kubectl --context "$CONTEXT" -n "$NAMESPACE" rollout status daemonset -l app.kubernetes.io/instance=mokka --timeout=300s
 kubectl --context "$CONTEXT" -n "$NAMESPACE" get pods -o wide
 
 say "check: a plain pod on the integration worker runs nvidia-smi -L"
