@@ -22,15 +22,17 @@ CASES = [
     ("h100", True, True),
     ("h100", False, False),
     ("h100", True, False),
-    ("t4", True, True),
-    ("t4", False, False),
+    ("t4:1", True, True),  # a one-GPU node
+    ("t4:1", False, False),
 ]
 CASE_IDS = [f"{p}-{'smi' if s else 'nosmi'}-{'shim' if h else 'noshim'}" for p, s, h in CASES]
 
 
 def make_layout(root: Path, name: str, smi: bool, shim: bool) -> NodeLayout:
-    """A node layout by hand; its host paths exist as plain files (CDI only names them)."""
-    prof = profile.load(name)
+    """A node layout by hand (``name``: PROFILE[:GPUS]); its host paths exist as plain files (CDI only
+    names them)."""
+    name, _, count = name.partition(":")
+    prof = profile.load(name).with_count(int(count) if count else None)
     version = prof.driver.version
     libdir, dev = root / "lib", root / "dev"
     for d in (libdir, dev):
