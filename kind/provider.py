@@ -49,9 +49,11 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from containers import cleanup
 from fetch import containerd_dist, debcache
+from kind.relay import Relay, RelayError
 
 __all__ = ["KindEnvironment", "ProviderError", "cluster_config", "dns_tools", "dns_tools_cached", "host_state"]
 
@@ -150,6 +152,7 @@ class KindEnvironment:
         self.netns = 0  # inode of the private network namespace
         self.dns: dict[str, Path] = {}
         self.container_ids: set[str] = set()
+        self.relays: list[Relay] = []
         self.owned = False  # whether start() made self.base (close() touches nothing otherwise)
         self.had_podman_cgroup = any(cleanup.cgroup_dirs(PODMAN_CGROUP_PARENT))
 
@@ -269,6 +272,32 @@ class KindEnvironment:
             loaded = out.strip().rsplit(" ", 1)[-1]
             self.podman("tag", loaded, name)
 
+    def host_kubeconfig(self, out: Path) -> Path:
+        """kind's kubeconfig, written to ``out`` with its current cluster's API server reached through a
+        :class:`~kind.relay.Relay` on the host's loopback: helm, kubectl and the kubernetes client
+        on the host use it as they would a kind cluster's on a user's machine. :meth:`close` ends the relay."""
+        import yaml
+
+        try:
+            config = yaml.safe_load((self.base / "kubeconfig").read_text())
+            context = next(c for c in config["contexts"] if c["name"] == config["current-context"])
+            cluster = next(c for c in config["clusters"] if c["name"] == context["context"]["cluster"])
+        except (OSError, yaml.YAMLError, KeyError, TypeError, StopIteration) as exc:
+            raise ProviderError(f"{self.base / 'kubeconfig'}: no current cluster ({exc!r})") from None
+        server = urlsplit(cluster["cluster"]["server"])
+        if server.port is None or server.hostname is None:
+            raise ProviderError(f"{self.base / 'kubeconfig'}: the server {server.geturl()} names no port")
+        relay = Relay(Path(f"/proc/{self.holder_pid}/ns/net"), server.port, server.hostname)
+        try:
+            port = relay.start()
+        except RelayError as exc:
+            raise ProviderError(str(exc)) from None
+        self.relays.append(relay)
+        cluster["cluster"]["server"] = f"https://127.0.0.1:{port}"
+        out.write_text(yaml.safe_dump(config, sort_keys=False))
+        out.chmod(0o600)
+        return out
+
     def record_containers(self) -> set[str]:
         """The full ids of the podman containers there now (kept for :meth:`leftovers`)."""
         ids = set(self.podman("ps", "--all", "--no-trunc", "--format", "{{.ID}}").split())
@@ -281,6 +310,9 @@ class KindEnvironment:
         """Remove whatever podman still has, end the namespaces, remove podman's cgroups and the
         directory; the problems met (empty when all went)."""
         problems: list[str] = []
+        for relay in self.relays:
+            relay.close()
+        self.relays.clear()
         if not self.owned:
             return problems
         if self.holder_pid:
