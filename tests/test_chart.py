@@ -95,6 +95,10 @@ def kinds(docs: Docs) -> list[str]:
     return sorted(d["kind"] for d in docs)
 
 
+def is_hook(doc: dict[str, Any]) -> bool:
+    return "helm.sh/hook" in (doc["metadata"].get("annotations") or {})
+
+
 def mokka_docs(docs: Docs) -> Docs:
     """The release's documents without the dcgm-exporter integration's."""
     return [d for d in docs if not d["metadata"]["name"].endswith("dcgm-exporter")]
@@ -166,8 +170,58 @@ MATRIX: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
 def test_renders_valid_manifests(render: Callable[..., Docs], case: str) -> None:
     values, kube, apis = MATRIX[case]
     docs = render(values, kube=kube, api_versions=apis)
+    hooks = [d for d in docs if is_hook(d)]
+    docs = [d for d in docs if not is_hook(d)]
     check_daemonset(docs, values)
     check_rbac(docs, values, policy_expected=bool(apis) or values.get("rbac", {}).get("ownNodePolicy") is True)
+    check_uninstall_hook(hooks, docs, values)
+
+
+def check_uninstall_hook(hooks: Docs, docs: Docs, given: dict[str, Any]) -> None:
+    """helm uninstall's pre-delete Job ends the DaemonSet while the RBAC its preStop needs stands:
+    only when the chart made that RBAC and the preStop exists; it may get and delete that DaemonSet,
+    nothing else, and lands where the DaemonSet's pods run."""
+    v = merged(given)
+    if not (v["hostSetup"]["cleanupOnTermination"] and v["nodeInfo"]["enabled"] and v["rbac"]["create"]):
+        assert hooks == []
+        return
+    assert kinds(hooks) == ["Job", "Role", "RoleBinding", "ServiceAccount"]
+    ds = one(mokka_docs(docs), "DaemonSet")["metadata"]["name"]
+    name = f"{ds}-uninstall"
+    for hook in hooks:
+        annotations = hook["metadata"]["annotations"]
+        assert hook["metadata"]["name"] == name and hook["metadata"]["namespace"] == NAMESPACE
+        assert annotations["helm.sh/hook"] == "pre-delete"
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        assert int(annotations["helm.sh/hook-weight"]) == (0 if hook["kind"] == "Job" else -1)
+    assert one(hooks, "Role")["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": [ds], "verbs": ["get", "delete"]}
+    ]
+    assert one(hooks, "RoleBinding")["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}]
+    job = one(hooks, "Job")["spec"]["template"]["spec"]
+    (container,) = job["containers"]
+    grace = v["terminationGracePeriodSeconds"]
+    assert container["command"] == [
+        "python3", "-m", "k8snode.uninstall", "--namespace", NAMESPACE, "--daemonset", ds, "--timeout", str(grace + 90),
+    ]  # fmt: skip
+    assert container["image"] == containers(docs)["nri-plugin"]["image"]
+    assert job["serviceAccountName"] == name and job["restartPolicy"] == "Never"
+    assert job["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    spec = pod_spec(docs)
+    for key in ("tolerations", "imagePullSecrets"):
+        assert job.get(key) == spec.get(key), key
+    # beside the DaemonSet's pods where there are any (the image is there), never on a virtual node,
+    # and not bound to the DaemonSet's nodes: one that matches none must not hold up the uninstall
+    assert "nodeSelector" not in job
+    (term,) = job["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    selector = one(mokka_docs(docs), "DaemonSet")["spec"]["selector"]["matchLabels"]
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == selector
+    (required,) = job["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {e["key"]: e["operator"] for e in required["matchExpressions"]} == {
+        "type": "NotIn",
+        "mokka.io/virtual": "DoesNotExist",
+    }
 
 
 def merged(values: dict[str, Any]) -> dict[str, Any]:
