@@ -138,7 +138,7 @@ KIND = GoBuild(
     module="sigs.k8s.io/kind",
     version=KIND_VERSION,
     commands=("sigs.k8s.io/kind",),
-    why="the kind cluster test (tests/test_kind_cluster.py): kind on podman with a node image built here",
+    why="the kind tests (tests/test_kind_cluster.py): kind on podman with a node image built here",
 )
 
 # A go-nvml program (the binding NVIDIA's device plugin and GFD use), from tests/go-nvml.

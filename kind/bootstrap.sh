@@ -9,7 +9,7 @@
 # `.ci/setup --tests` (fetch.prepare), else built with `go install` at pinned versions
 # (fetch.gotool). Without docker (or its daemon) kind runs on podman (KIND_EXPERIMENTAL_PROVIDER=
 # podman), and the image is built by kind/dockerfile_image.py and loaded as archives, with
-# debian:bookworm-slim (the smoke pod's image): tests/test_kind_bootstrap.py runs this script
+# debian:bookworm-slim (the smoke pod's image): tests/test_kind_cluster.py runs this script
 # so in kind/provider.py's namespaces; tests/test_kind.py keeps it consistent with the chart.
 set -euo pipefail
 

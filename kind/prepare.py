@@ -45,7 +45,8 @@ ITEMS = (
     prepare.Item(
         f"kind's node image (Debian bookworm, containerd 2.1, Kubernetes {kube_versions.KUBERNETES} with kubeadm, "
         "the control-plane images) and podman's dnsname CNI plugin (Debian)",
-        "tests/test_kind_cluster.py: real kind on podman (cold: kubeadm's Go build, about 4 minutes, and 1 minute)",
+        "tests/test_kind_cluster.py: bootstrap.sh, the quick start and the FGO guide on real kind "
+        "(cold: kubeadm's Go build, about 4 minutes, and 1 minute)",
         _node_done,
         _node_make,
         tests=True,
