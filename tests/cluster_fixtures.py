@@ -218,7 +218,7 @@ def install_chart(cluster: Cluster, namespace: str, values: dict[str, Any], tmp:
     values_file.write_text(yaml.safe_dump(values))
     helm = prepare.go_binary(versions.HELM)  # built by .ci/setup --tests
     version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
-    argv = [str(helm), "template", "node", str(test_chart.CHART), "-n", namespace, "-f", str(values_file)]
+    argv = [str(helm), "template", "node", str(test_chart.CHART), "-n", namespace, "-f", str(values_file), "--no-hooks"]
     argv += ["--kube-version", version.lstrip("v")]
     rendered = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     cluster.kubectl("create", "namespace", namespace)

@@ -202,7 +202,8 @@ def check_uninstall_hook(hooks: Docs, docs: Docs, given: dict[str, Any]) -> None
     (container,) = job["containers"]
     grace = v["terminationGracePeriodSeconds"]
     assert container["command"] == [
-        "python3", "-m", "k8snode.uninstall", "--namespace", NAMESPACE, "--daemonset", ds, "--timeout", str(grace + 90),
+        "python3", "-m", "k8snode.uninstall", "--release", RELEASE, "--namespace", NAMESPACE, "--daemonset", ds,
+        "--timeout", str(grace + 90),
     ]  # fmt: skip
     assert container["image"] == containers(docs)["nri-plugin"]["image"]
     assert job["serviceAccountName"] == name and job["restartPolicy"] == "Never"
