@@ -536,3 +536,13 @@ def test_failure_builtin_profiles_left_on_fgo_first(guide: Guide, core: Any, fgo
     finally:
         helm(guide, "uninstall", "mokka", "--ignore-not-found")
         ok(helm(guide, "uninstall", "gpu-operator", "-n", NS, "--wait", "--timeout", "180s"))
+
+
+def steps(through_the_last: bool = True) -> dict[str, Callable[..., None]]:
+    """The guide's steps, in this file's order, for a module to take as its tests
+    (``globals().update(fgo_guide.steps())``); without the last (FGO installed first, which
+    leaves the cluster without either release) when the module has tests of its own before it."""
+    found = {name: fn for name, fn in globals().items() if name.startswith("test_") and callable(fn)}
+    if not through_the_last:
+        found.pop("test_failure_builtin_profiles_left_on_fgo_first")
+    return found

@@ -374,25 +374,7 @@ def images(kind: Kind, chart_image: str, tmp_path_factory: pytest.TempPathFactor
     return archives
 
 
-test_fgo_images_under_fgos_names = fgo_guide.test_fgo_images_under_fgos_names
-test_step1_pool_labels = fgo_guide.test_step1_pool_labels
-test_failure_profiles_in_the_wrong_namespace = fgo_guide.test_failure_profiles_in_the_wrong_namespace
-test_step2_mokka_on_the_integration_pool = fgo_guide.test_step2_mokka_on_the_integration_pool
-test_step3_fgo_chart_as_shipped_needs_its_subcharts = fgo_guide.test_step3_fgo_chart_as_shipped_needs_its_subcharts
-test_failure_builtin_profiles_left_on_fgo_second = fgo_guide.test_failure_builtin_profiles_left_on_fgo_second
-test_step3_fgo_with_the_guides_values_as_written = fgo_guide.test_step3_fgo_with_the_guides_values_as_written
-test_step4_mokka_runs_only_on_the_integration_worker = fgo_guide.test_step4_mokka_runs_only_on_the_integration_worker
-test_step4_the_profile_configmaps_in_fgos_namespace = fgo_guide.test_step4_the_profile_configmaps_in_fgos_namespace
-test_step4_a_real_nvidia_smi = fgo_guide.test_step4_a_real_nvidia_smi
-test_step4_fgo_on_the_scale_workers = fgo_guide.test_step4_fgo_on_the_scale_workers
-test_when_fgo_does_not_pick_up_the_profiles = fgo_guide.test_when_fgo_does_not_pick_up_the_profiles
-test_step3_fgo_with_the_shape_fgo_reads = fgo_guide.test_step3_fgo_with_the_shape_fgo_reads
-test_pairing_that_keeps_fgo_off_the_mokka_pool = fgo_guide.test_pairing_that_keeps_fgo_off_the_mokka_pool
-test_failure_two_mokka_releases_with_the_integration = fgo_guide.test_failure_two_mokka_releases_with_the_integration
-test_failure_profile_labels_cannot_remove_the_contract_label = (
-    fgo_guide.test_failure_profile_labels_cannot_remove_the_contract_label
-)
-test_failure_builtin_profiles_left_on_fgo_first = fgo_guide.test_failure_builtin_profiles_left_on_fgo_first
+globals().update(fgo_guide.steps())  # the guide's steps, in order
 
 
 # ---------------------------------------------------------------------------------------- 5. delete
