@@ -133,12 +133,19 @@ def core(guide: Guide) -> Any:
 # ---------------------------------------------------------------------------------------- helpers
 
 
-def helm(guide: Guide, *args: str, values: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """helm as a user runs it (``-f -`` reads ``values``), with the cluster's admin kubeconfig."""
-    env = {**os.environ, "KUBECONFIG": str(guide.kubeconfig), "HELM_CACHE_HOME": str(guide.helm_home)}
+def run_helm(
+    kubeconfig: Path, home: Path, *args: str, values: str | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    """helm as a user runs it (``-f -`` reads ``values``) against ``kubeconfig``, its state under ``home``."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HELM_CACHE_HOME": str(home)}
     env["HELM_CONFIG_HOME"] = env["HELM_DATA_HOME"] = env["HELM_CACHE_HOME"]
     argv = [str(helm_binary()), *args] + (["-f", "-"] if values is not None else [])
     return subprocess.run(argv, input=values, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def helm(guide: Guide, *args: str, values: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """helm with the cluster's admin kubeconfig."""
+    return run_helm(guide.kubeconfig, guide.helm_home, *args, values=values, timeout=timeout)
 
 
 def ok(res: subprocess.CompletedProcess[str]) -> str:
@@ -418,7 +425,7 @@ def test_step3_fgo_with_the_shape_fgo_reads(guide: Guide, core: Any, fgo_chart: 
         lambda: all(node_labels(core, n).get("nvidia.com/gpu.product") == "NVIDIA-H100-80GB-HBM3" for n in guide.scale),
         90,
     )
-    ds = wait_for("nvml-mock-integration", lambda: _daemonset(guide, "nvml-mock-integration"), 60)
+    ds = wait_for("nvml-mock-integration", lambda: daemonset(guide, "nvml-mock-integration"), 60)
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/nvidia/nvml-mock:sha-1706195"
     assert ds["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "Always"
 
@@ -435,7 +442,7 @@ def test_pairing_that_keeps_fgo_off_the_mokka_pool(guide: Guide, core: Any, fgo_
     ("nodepool integration not found in cluster topology"), so FGO's device plugin and exporter stay
     off it once the labels FGO put there are removed; Mokka's pod, restarted, labels its node again."""
     ok(fgo_install(guide, fgo_chart, SCALE_ONLY, "--set", "builtinProfiles.enabled=false"))
-    wait_for("nvml-mock-integration deleted", lambda: not _daemonset(guide, "nvml-mock-integration"), 60)
+    wait_for("nvml-mock-integration deleted", lambda: not daemonset(guide, "nvml-mock-integration"), 60)
     refresh_fgo_nodes(guide, core, [guide.integration])  # no status-updater of the old topology left after this
     wait_for(
         "one status-updater",
@@ -481,7 +488,7 @@ def _only_deployments_on(core: Any, node: str) -> bool:
     return all(node not in apps.get(a, set()) for a in ("device-plugin", "nvidia-dcgm-exporter"))
 
 
-def _daemonset(guide: Guide, name: str) -> dict[str, Any]:
+def daemonset(guide: Guide, name: str) -> dict[str, Any]:
     res = kubectl(guide, "-n", NS, "get", "ds", name, "-o", "json")
     return json.loads(res.stdout) if res.returncode == 0 else {}
 

@@ -180,7 +180,7 @@ def test_renders_valid_manifests(render: Callable[..., Docs], case: str) -> None
 def check_uninstall_hook(hooks: Docs, docs: Docs, given: dict[str, Any]) -> None:
     """helm uninstall's pre-delete Job ends the DaemonSet while the RBAC its preStop needs stands:
     only when the chart made that RBAC and the preStop exists; it may get and delete that DaemonSet,
-    nothing else, and lands where the DaemonSet's pods run."""
+    nothing else, and prefers the DaemonSet's nodes without being bound to them."""
     v = merged(given)
     if not (v["hostSetup"]["cleanupOnTermination"] and v["nodeInfo"]["enabled"] and v["rbac"]["create"]):
         assert hooks == []

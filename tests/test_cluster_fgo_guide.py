@@ -29,8 +29,8 @@ from fgo_guide import (
     POOL,
     SCALE_ONLY,
     Guide,
-    _daemonset,
     core,
+    daemonset,
     fgo_chart,
     fgo_install,
     helm_binary,
@@ -152,7 +152,7 @@ def test_mock_backend_served_by_mokkas_image(cluster: Cluster, guide: Guide, cor
         wait_for("nvml-mock-mock's pod Ready", lambda: running(core, NS, selector, 1), 180)
     except AssertionError:
         raise AssertionError(kubectl(guide, "-n", NS, "describe", "pods", "-l", selector).stdout[-4000:]) from None
-    ds = _daemonset(guide, "nvml-mock-mock")
+    ds = daemonset(guide, "nvml-mock-mock")
     container = ds["spec"]["template"]["spec"]["containers"][0]
     assert (container["image"], container["imagePullPolicy"]) == (ref, "Always")
     pod = core.list_namespaced_pod(NS, label_selector=selector).items[0]

@@ -45,7 +45,7 @@ import fgo_guide
 import pytest
 import yaml
 from cluster_fixtures import pod_manifest, run_pod, wait_for
-from fgo_guide import MOKKA_IMAGE, POOL, Guide, core, fgo_chart
+from fgo_guide import MOKKA_IMAGE, POOL, Guide, core, fgo_chart, ok
 
 from fetch import debcache, prepare, versions
 from fetch.kube import binaries
@@ -98,10 +98,7 @@ class Kind:
         return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=300, check=False)
 
     def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "HELM_CACHE_HOME": str(self.base / "helm")}
-        env["HELM_CONFIG_HOME"] = env["HELM_DATA_HOME"] = env["HELM_CACHE_HOME"]
-        argv = [str(self.parts["helm"]), *args]
-        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+        return fgo_guide.run_helm(self.kubeconfig, self.base / "helm", *args, timeout=600)
 
     def api(self) -> Any:
         from kubernetes import config
@@ -118,11 +115,6 @@ class Kind:
     def tag(self, source: str, target: str) -> None:
         for node in WORKERS:
             self.env.podman("exec", node, "ctr", "-n", "k8s.io", "images", "tag", "--force", source, target)
-
-
-def ok(res: subprocess.CompletedProcess[str]) -> str:
-    assert res.returncode == 0, f"{res.args}: {(res.stderr or res.stdout)[-3000:]}"
-    return res.stdout
 
 
 @pytest.fixture(scope="module")
