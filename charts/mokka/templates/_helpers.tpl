@@ -91,3 +91,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "mokka.faultsConfigMap" -}}
 {{- default (printf "%s-faults" (include "mokka.fullname" .) | trunc 63 | trimSuffix "-") .Values.faults.configMap }}
 {{- end }}
+
+{{/* The annotations of uninstall-hook.yaml's objects: helm runs them before it deletes the release
+(the RBAC first, weight -1, then the Job, 0), replaces any left from a failed uninstall and deletes
+them once they succeed. The argument is the weight. */}}
+{{- define "mokka.uninstallHook" -}}
+helm.sh/hook: pre-delete
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end }}
+
