@@ -29,6 +29,7 @@ __all__ = [
     "processes",
     "remove_tree",
     "rmdir_cgroup",
+    "thaw",
     "unmount",
     "wait_gone",
     "zombie",
@@ -87,10 +88,25 @@ def cgroup_parent(base: Path, kind: str = "sandbox") -> str:
     return f"/mokka-{kind}-" + hashlib.sha256(str(base.absolute()).encode()).hexdigest()[:12]
 
 
+def thaw(dirs: Iterable[Path]) -> None:
+    """Unfreeze cgroups ``dirs``: a frozen task sleeps uninterruptibly and ignores SIGKILL.
+
+    runc freezes a container's cgroup while it updates or signals it (v1 ``freezer.state``, v2
+    ``cgroup.freeze``); a runc killed in that window leaves the cgroup frozen for good.
+    """
+    for d in dirs:
+        for knob, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+            with contextlib.suppress(OSError):
+                if (d / knob).exists():
+                    (d / knob).write_text(value)
+
+
 def kill_cgroup_members(parent: str) -> list[int]:
-    """SIGKILL every process in cgroup ``parent`` (any hierarchy); the pids signalled."""
+    """SIGKILL every process in cgroup ``parent`` (any hierarchy), thawed first; the pids signalled."""
     pids: list[int] = []
-    for d in cgroup_dirs(parent):
+    dirs = cgroup_dirs(parent)
+    thaw(dirs)
+    for d in dirs:
         for procs in ("cgroup.procs", "tasks"):
             try:
                 members = [int(p) for p in (d / procs).read_text().split()]

@@ -11,7 +11,7 @@ import signal
 import time
 from pathlib import Path
 
-from containers.cleanup import cgroup_hierarchies
+from containers.cleanup import cgroup_dirs, cgroup_hierarchies, thaw
 
 
 def create(name: str) -> list[Path]:
@@ -31,12 +31,7 @@ def create(name: str) -> list[Path]:
 
 def existing(name: str) -> list[Path]:
     """Every directory of cgroup ``name`` in every hierarchy, children first."""
-    found: list[Path] = []
-    for root in cgroup_hierarchies():
-        top = root / name.strip("/")
-        if top.is_dir():
-            found += [Path(d) for d, _subdirs, _files in os.walk(top, topdown=False)]
-    return found
+    return cgroup_dirs(name)
 
 
 def tasks(name: str) -> set[int]:
@@ -49,9 +44,11 @@ def tasks(name: str) -> set[int]:
 
 
 def remove(name: str, timeout: float = 15.0) -> list[str]:
-    """Kill every task under ``name`` and remove its directories; returns the problems left."""
+    """Kill every task under ``name`` (thawing frozen cgroups first) and remove its directories;
+    returns the problems left."""
     deadline = time.monotonic() + timeout
     while (pids := tasks(name)) and time.monotonic() < deadline:
+        thaw(existing(name))
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
