@@ -186,6 +186,7 @@ def test_the_toolkit_operand_installed_its_runtime_and_cdi_spec_on_every_node(cl
         installed = n.layout.private("/usr/local/nvidia") / "toolkit"
         assert 'mode = "cdi"' in (installed / ".config/nvidia-container-runtime/config.toml").read_text()
         assert "starting it again" in (n.layout.logs / "containerd.log").read_text(), n.name  # the SIGHUP
+        assert install.toolkit_applied(n), n.name  # what containerd runs, not only its file
         spec = yaml.safe_load((n.layout.private("/var/run/cdi") / "management.nvidia.com-gpu.yaml").read_text())
         assert spec["kind"] == "management.nvidia.com/gpu"
         gpus = cluster.profiles[n.name].gpu_count
@@ -311,7 +312,7 @@ def test_the_mig_manager_reconfigures_a_node_through_the_mock_nvml(cluster: Clus
         mig = "nvidia.com/mig-1g.10gb"
         wait_for(f"{gpus * 7} {mig} allocatable", lambda: node.allocatable(mig) == gpus * 7, 180)
         assert node.allocatable() == 0  # mixed: the whole GPUs are gone, their slices advertised
-        # GFD's labels reach the node through NFD's features.d, on NFD's next one-minute pass
+        # GFD's labels reach the node through NFD's features.d, on NFD's next pass (10 s in the values)
         wait_for("GFD's MIG labels", lambda: node.labels().get(f"{mig}.count") == str(gpus * 7), 150)
         assert node.labels()[f"{mig}.memory"] == "9984"
         manifest = pod_manifest("mig", ["sh", "-c", "nvidia-smi -L"])

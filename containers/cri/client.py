@@ -105,6 +105,16 @@ class CriClient:
         request = self.api.StatusRequest(verbose=True)
         return self._run("Status", self._runtime().status(request, timeout=timeout or self.timeout))
 
+    def runtime_config(self, timeout: float | None = None) -> dict[str, Any]:
+        """The CRI configuration the runtime runs with (verbose Status' ``config``, as ``crictl info``
+        shows it): what the runtime loaded, which may differ from its configuration file."""
+        info = self.status(timeout).info
+        try:
+            config = json.loads(info["config"])
+        except (KeyError, ValueError) as exc:
+            raise CriError(f"Status: no CRI configuration in the runtime's answer ({exc})") from None
+        return dict(config)
+
     def ready(self, timeout: float | None = None) -> bool:
         """Whether the runtime says RuntimeReady (an unreachable runtime is not ready)."""
         try:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from containers.cri.client import CriClient, CriError
 from fetch import dcgm_exporter, debcache, gotool
 from fetch import versions as tools
 from fetch.kube import gpu_operator as build
@@ -50,6 +51,7 @@ __all__ = [
     "missing",
     "policy_ready",
     "served",
+    "toolkit_applied",
     "unready",
     "upgrade",
     "validations",
@@ -117,7 +119,7 @@ class GpuOperator(AddOn):
         with ctx.step(f"GPU Operator: helm install (values {VALUES.name}, mig.strategy={self.mig_strategy}{toolkit})"):
             install(ctx, self.helm, self.built.chart, self.mig_strategy, toolkit=self.toolkit)
         with ctx.step("GPU Operator: NFD's and GFD's labels, the operands Ready, ClusterPolicy ready (Reconciled)"):
-            served(ctx, self.mig_strategy, t0)
+            served(ctx, self.mig_strategy, t0, toolkit=self.toolkit)
 
 
 def import_images(ctx: Context, inputs: images.Inputs) -> None:
@@ -130,9 +132,11 @@ def import_images(ctx: Context, inputs: images.Inputs) -> None:
         raise ClusterError(f"--gpu-operator: {exc}") from None
 
 
-def served(ctx: Context, mig_strategy: str, since: float) -> None:
+def served(ctx: Context, mig_strategy: str, since: float, toolkit: bool = False) -> None:
     """Wait until the operator serves every real node (see the module); the time from ``since``
-    (the install) to the policy's ready is kept in the cluster's timings."""
+    (the install) to the policy's ready is kept in the cluster's timings. With ``toolkit``, also
+    until every node's containerd runs the toolkit operand's configuration: the operand has no
+    readiness probe, so the policy can be ready before it has restarted containerd."""
     # GFD writes its labels into features.d; NFD's worker takes them up on its next pass (a
     # minute); a MIG-capable product then brings the MIG manager.
     ctx.wait_each("GFD's labels (through NFD)", lambda n: GFD_LABEL in n.labels(), timeout=READY_TIMEOUT)
@@ -142,6 +146,9 @@ def served(ctx: Context, mig_strategy: str, since: float) -> None:
     ctx.state.timings[INSTALL_TO_READY] = round(time.monotonic() - since, 2)
     ctx.wait_each("the validator's status files", lambda n: not missing(n), timeout=READY_TIMEOUT)
     wait_allocatable(ctx, mig_strategy, "allocatable GPUs (the operator's device plugin)", timeout=READY_TIMEOUT)
+    if toolkit:
+        what = "containerd started again with the toolkit operand's configuration"
+        ctx.wait_each(what, toolkit_applied, timeout=READY_TIMEOUT)
 
 
 def install(ctx: Context, helm: Path, chart: Path, mig_strategy: str, toolkit: bool = False) -> None:
@@ -224,6 +231,18 @@ def policy_ready(ctx: Context) -> bool:
         return False
     ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
     return status.get("state") == "ready" and bool(ready) and ready[0].get("reason") == "Reconciled"
+
+
+def toolkit_applied(n: Node) -> bool:
+    """containerd on ``n`` runs with the toolkit operand's ``nvidia`` runtime as its default: the
+    operand writes the configuration file, then SIGHUPs containerd, which the node's supervisor
+    starts again. Asked of containerd's CRI, since the file alone says nothing of what it loaded."""
+    try:
+        with CriClient(n.layout.containerd_socket, timeout=5, cache=n.ctx.cache) as cri:
+            config = cri.runtime_config()
+    except CriError:
+        return False
+    return bool(config.get("containerd", {}).get("defaultRuntimeName") == "nvidia")
 
 
 def validations(n: Node) -> Path:
