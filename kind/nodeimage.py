@@ -23,7 +23,10 @@ What goes in, each a real part:
   imported into the image's ``/var/lib/containerd`` by the same containerd at build time;
 * the pod network (``kind/node/mokka-podnet``): kind's kindnetd is not served by the Go module
   proxy, so clusters run with ``networking.disableDefaultCNI`` and this unit configures Debian's
-  bridge CNI on each node's podCIDR and routes the other nodes' podCIDRs.
+  bridge CNI on each node's podCIDR and routes the other nodes' podCIDRs;
+* the host's kernel settings kept (``kind/node/mokka-sysctls``): the settings a kubelet writes at
+  start (``kernel.panic``, ``vm.overcommit_memory``, ...) are not namespaced, so each node shadows
+  them with plain files in its own mount namespace before its kubelet starts.
 
 ``python -m kind.nodeimage`` builds it (once; later runs find it in the cache).
 """
@@ -63,6 +66,7 @@ BASE_FILES = "images/base/files"
 CONTAINERD_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 UNITS = ("containerd.service", "kubelet.service", "undo-mount-hacks.service", "mokka-podnet.service")
+OWN_UNITS = ("mokka-podnet.service", "mokka-sysctls.service")  # kind/node/, this project's
 KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy")
 
 # containerd's plugins the build-time import does without (no pods: nothing under /run or /var/run)
@@ -287,11 +291,15 @@ def _systemd(rootfs: Path) -> None:
     init.unlink(missing_ok=True)
     init.symlink_to("/usr/lib/systemd/systemd")
     units = rootfs / "etc/systemd/system"
-    shutil.copyfile(HERE / "node/mokka-podnet.service", units / "mokka-podnet.service")
+    for unit in OWN_UNITS:
+        shutil.copyfile(HERE / "node" / unit, units / unit)
     wants_dir = units / "multi-user.target.wants"
     wants_dir.mkdir(exist_ok=True)
     for unit in UNITS:
         (wants_dir / unit).symlink_to(f"/etc/systemd/system/{unit}")
+    requires = units / "kubelet.service.requires"  # no kubelet on the host's kernel settings
+    requires.mkdir(exist_ok=True)
+    (requires / "mokka-sysctls.service").symlink_to("/etc/systemd/system/mokka-sysctls.service")
     (units / "systemd-binfmt.service").symlink_to("/dev/null")  # binfmt_misc is the host kernel's
     (rootfs / "etc/kubernetes/manifests").mkdir(parents=True, exist_ok=True)
     (rootfs / "etc/machine-id").write_text("")
@@ -317,7 +325,8 @@ def _programs(rootfs: Path, parts: dict[str, Path]) -> None:
     for name in ("kubelet", "kubectl"):
         (usr_bin / name).symlink_to("kubernetes")
     shutil.copy2(parts["kubeadm"], usr_bin / "kubeadm")
-    shutil.copy2(HERE / "node/mokka-podnet", local / "mokka-podnet")
+    for script in ("mokka-podnet", "mokka-sysctls"):
+        shutil.copy2(HERE / "node" / script, local / script)
 
 
 def _wanted_images(kubeadm: Path, rootfs: Path) -> dict[str, str]:

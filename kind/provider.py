@@ -66,6 +66,14 @@ SYSCTLS = (
     "net/ipv6/conf/all/forwarding",
     "net/ipv4/conf/all/route_localnet",
     "net/bridge/bridge-nf-call-iptables",
+    "net/netfilter/nf_conntrack_max",  # kube-proxy's conntrack sizing (kind turns it off)
+    # what a kubelet writes at start; not namespaced: the nodes shadow them (kind/node/mokka-sysctls)
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
 )
 CALL_TIMEOUT = 120.0
 SUITE = "bookworm"
@@ -117,8 +125,9 @@ def _netns_members(inode: int) -> list[int]:
 
 
 def host_state() -> dict[str, object]:
-    """What the host's network namespace looks like: links, addresses, routes, iptables chains
-    (legacy and nft, v4 and v6) and the forwarding sysctls (``/proc/sys`` of this process's namespace)."""
+    """What the host looks like to a cluster: its network namespace's links, addresses, routes,
+    iptables chains (legacy and nft, v4 and v6) and forwarding sysctls, and the kernel's global
+    settings a node's kubelet and kube-proxy write (``/proc/sys`` of this process's namespaces)."""
     chains: dict[str, list[str]] = {}
     for tool in ("iptables-legacy-save", "ip6tables-legacy-save", "iptables-nft-save", "ip6tables-nft-save"):
         if shutil.which(tool):

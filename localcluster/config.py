@@ -20,10 +20,18 @@ DNS_SERVICE_IP = "10.96.0.10"  # the cluster DNS (kube-system/kube-dns), as kube
 PAUSE_IMAGE = "localhost/mokka/pause:1"
 
 
-# Kubelet sets the first three for the whole machine (container manager's kernel tunables); the CNI
-# bridge plugin turns on IP forwarding when the bridge is the pods' gateway. In the namespace they
-# are private files.
-SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward")
+# Kubelet sets the first three and the last three for the whole machine (its container manager's
+# kernel tunables, each written where the value differs); the CNI bridge plugin turns on IP
+# forwarding when the bridge is the pods' gateway. In the namespace they are private files.
+SYSCTLS = (
+    "vm/overcommit_memory",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "net/ipv4/ip_forward",
+    "vm/panic_on_oom",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
 
 
 def etcd_argv(etcd: Path, layout: Layout, ports: Ports) -> list[str]:

@@ -29,7 +29,15 @@ from localcluster.addons import gpu_operator, nvidia_dra
 from localcluster.cluster import Cluster, Options, leftovers
 from localcluster.images import WORKLOAD_IMAGE
 
-SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward")
+SYSCTLS = (
+    "vm/overcommit_memory",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "net/ipv4/ip_forward",
+    "vm/panic_on_oom",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
 # NVIDIA's DRA driver (its binaries and chart) beside the checkout, or where $MOKKA_NVIDIA_DRA_DIR says.
 needs_nvidia_dra = pytest.mark.skipif(
     nvidia_dra.source_dir() is None,

@@ -218,8 +218,11 @@ def test_kind_create_cluster_nodes_ready(kind: Kind) -> None:
     # what podman's CNI made lives in the private network namespace, not the host's
     inside = kind.env.run(["ip", "-o", "link"]).stdout + kind.env.run(["iptables-save"]).stdout
     assert "cni-podman" in inside and "CNI-" in inside
-    links = provider.host_state()["links"]
-    assert isinstance(links, list) and not any("cni-podman" in link for link in links)
+    host = provider.host_state()
+    assert isinstance(host["links"], list) and not any("cni-podman" in link for link in host["links"])
+    # the kubelets ran and wrote their kernel settings into their nodes' shadows, not the host's kernel
+    assert host["sysctls"] == kind.before["sysctls"]
+    assert kind.env.podman("exec", WORKERS[0], "cat", "/proc/sys/kernel/panic").strip() == "10"  # the kubelet's
 
 
 # ---------------------------------------------------------------------------------------- 2. bootstrap.sh
@@ -389,4 +392,4 @@ def test_bootstrap_delete_leaves_nothing(kind: Kind) -> None:
     assert kind.env.leftovers() == []
     after = provider.host_state()
     changed = {k: after[k] for k in kind.before if after[k] != kind.before[k]}
-    assert changed == {}, "the host's network namespace changed"
+    assert changed == {}, "the host's network namespace or kernel settings changed"
