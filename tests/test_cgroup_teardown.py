@@ -67,5 +67,5 @@ def test_the_kubelet_cgroup_root_is_removed_with_frozen_tasks(frozen: tuple[str,
 
 def test_the_sandbox_cgroup_parent_kills_frozen_tasks(frozen: tuple[str, subprocess.Popen[bytes]]) -> None:
     name, proc = frozen
-    assert proc.pid in cleanup.kill_cgroup_members(name)
+    cleanup.kill_cgroup_members(name)  # the pids it lists may miss ours: thawed, it takes the pending SIGKILL
     assert proc.wait(5) == -9
