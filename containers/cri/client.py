@@ -106,8 +106,8 @@ class CriClient:
         return self._run("Status", self._runtime().status(request, timeout=timeout or self.timeout))
 
     def runtime_config(self, timeout: float | None = None) -> dict[str, Any]:
-        """The CRI configuration the runtime runs with (verbose Status' ``config``, as ``crictl info``
-        shows it): what the runtime loaded, which may differ from its configuration file."""
+        """The CRI configuration the runtime runs with (verbose Status' ``config``): what the runtime
+        loaded, which may differ from its configuration file."""
         info = self.status(timeout).info
         try:
             config = json.loads(info["config"])
