@@ -25,19 +25,11 @@ import pytest
 
 from fetch import dcgm_exporter, thirdparty
 from fetch.kube import binaries
+from localcluster import config
 from localcluster.addons import gpu_operator, nvidia_dra
 from localcluster.cluster import Cluster, Options, leftovers
 from localcluster.images import WORKLOAD_IMAGE
 
-SYSCTLS = (
-    "vm/overcommit_memory",
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "net/ipv4/ip_forward",
-    "vm/panic_on_oom",
-    "kernel/keys/root_maxkeys",
-    "kernel/keys/root_maxbytes",
-)
 # NVIDIA's DRA driver (its binaries and chart) beside the checkout, or where $MOKKA_NVIDIA_DRA_DIR says.
 needs_nvidia_dra = pytest.mark.skipif(
     nvidia_dra.source_dir() is None,
@@ -59,7 +51,8 @@ def _terminal(line: str) -> None:
 
 
 def host_sysctls() -> dict[str, str]:
-    return {key: Path("/proc/sys", key).read_text().strip() for key in SYSCTLS}
+    """The host's values of the settings a cluster keeps private (:data:`localcluster.config.SYSCTLS`)."""
+    return {key: Path("/proc/sys", key).read_text().strip() for key in config.SYSCTLS}
 
 
 def require_root() -> None:

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 import pytest
-from cluster_fixtures import SYSCTLS, host_sysctls, pod_manifest, run_pod, wait_for
+from cluster_fixtures import host_sysctls, pod_manifest, run_pod, wait_for
 
 from gpumodel import profile
 from k8snode import nodeinfo
@@ -132,13 +132,8 @@ def test_pci_root_is_a_real_symlink_chain_in_the_namespace(kube_cluster: Cluster
 
 
 def test_kubelet_left_the_hosts_sysctls_alone(kube_cluster: Cluster) -> None:
-    before = kube_cluster.state.host_sysctls  # read when the cluster came up
-    assert sorted(before) == sorted(SYSCTLS)
-    assert host_sysctls() == before
-    private = kube_cluster.node().layout.ns / "sysctl"
-    kubelet = {key: (private / key.replace("/", ".")).read_text().strip() for key in SYSCTLS if "ip_forward" not in key}
-    # kubelet did set them (where the host's differed) -- in the cluster's private files
-    assert kubelet == {
+    # what kubelet writes for the whole machine (where the host's value differs)
+    kubelet = {
         "vm/overcommit_memory": "1",
         "kernel/panic": "10",
         "kernel/panic_on_oops": "1",
@@ -146,3 +141,9 @@ def test_kubelet_left_the_hosts_sysctls_alone(kube_cluster: Cluster) -> None:
         "kernel/keys/root_maxkeys": "1000000",
         "kernel/keys/root_maxbytes": "25000000",
     }
+    before = kube_cluster.state.host_sysctls  # read when the cluster came up
+    assert sorted(before) == sorted([*kubelet, "net/ipv4/ip_forward"])
+    assert host_sysctls() == before
+    private = kube_cluster.node().layout.ns / "sysctl"
+    # kubelet did set them -- in the cluster's private files
+    assert {key: (private / key.replace("/", ".")).read_text().strip() for key in kubelet} == kubelet
