@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
-import signal
 import time
 from pathlib import Path
 
-from containers.cleanup import cgroup_dirs, cgroup_hierarchies, thaw
+from containers.cleanup import cgroup_dirs, cgroup_hierarchies, kill_cgroup_members
 
 
 def create(name: str) -> list[Path]:
@@ -47,11 +45,8 @@ def remove(name: str, timeout: float = 15.0) -> list[str]:
     """Kill every task under ``name`` (thawing frozen cgroups first) and remove its directories;
     returns the problems left."""
     deadline = time.monotonic() + timeout
-    while (pids := tasks(name)) and time.monotonic() < deadline:
-        thaw(existing(name))
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    while tasks(name) and time.monotonic() < deadline:
+        kill_cgroup_members(name)  # thaws first: a frozen task ignores SIGKILL
         time.sleep(0.05)
     problems = [f"process {pid} survived SIGKILL in cgroup {name}" for pid in tasks(name)]
     for d in existing(name):
