@@ -536,6 +536,30 @@ def fgo_load(docs: Docs, namespace: str, name: str) -> dict[str, Any]:
     return body
 
 
+def test_fleet_api_off_by_default(render: Callable[..., Docs]) -> None:
+    assert [d for d in render({}) if d["kind"] == "CustomResourceDefinition"] == []
+
+
+def test_fleet_api_offers_every_builtin_profile(render: Callable[..., Docs]) -> None:
+    """The VirtualGPUPool definition (tests/test_cluster_fleet_api.py runs it on an API server): its
+    profiles are the built-in ones, each with its GPUs per node in the rack-size rule; its replicas
+    are bounded by fleet.maxReplicas; helm uninstall keeps it (deleting it would delete the pools)."""
+    crds = [
+        d for d in render({"fleet": {"enabled": True, "maxReplicas": 2000}}) if d["kind"] == "CustomResourceDefinition"
+    ]
+    assert [c["metadata"]["name"] for c in crds] == ["virtualgpupools.mokka.io"]
+    crd = crds[0]
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    (version,) = crd["spec"]["versions"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    names = ", ".join(f"'{n}'" for n in profile.builtin_names())
+    assert spec["properties"]["profile"]["x-kubernetes-validations"][0]["rule"] == f"self in [{names}]"
+    assert spec["properties"]["replicas"]["maximum"] == 2000
+    gpus = ", ".join(f"'{n}': {profile.load(n).gpu_count}" for n in profile.builtin_names())
+    assert "{" + gpus + "}[self.profile]" in spec["x-kubernetes-validations"][1]["rule"]
+    assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
+
+
 def test_fgo_off_by_default(render: Callable[..., Docs]) -> None:
     assert fgo_configmaps(render({})) == {}
 
