@@ -4,6 +4,7 @@
 #   docker build -t mokka:dev .                           # with Debian's nvidia-smi 550 (non-free)
 #   docker build -t mokka:dev --build-arg NVIDIA_SMI= .   # without nvidia-smi
 #   docker build -t mokka:dev --build-arg NVIDIA_SMI=535 .
+#   docker build -t mokka:dev --build-arg GFD= .          # without NVIDIA's GFD (no fleet controller)
 #
 # The image runs as an unprivileged user by default; the Helm chart runs host setup (mknod,
 # the node's driver root) and the NRI plugin (the node's root-owned NRI socket) as root.
@@ -25,6 +26,7 @@ COPY cdi/ cdi/
 COPY hostsetup/ hostsetup/
 COPY nri_mokka/ nri_mokka/
 COPY k8snode/ k8snode/
+COPY virtualfleet/ virtualfleet/
 COPY fetch/ fetch/
 COPY containers/ containers/
 COPY localcluster/ localcluster/
@@ -46,6 +48,27 @@ RUN mkdir -p /out/usr/local/lib/mokka \
         && install -m 0755 "${smi}" /out/usr/local/lib/mokka/nvidia-smi; \
     fi
 
+# NVIDIA's GPU Feature Discovery, which the fleet controller (`mokka fleet-controller`) runs once per
+# pool: built from the Go module proxy with Debian's golang, as fetch/ builds it for the local
+# cluster. A stage of its own, so its layer is reused until fetch/ changes; empty GFD builds an
+# image without it.
+FROM ${DEBIAN_IMAGE} AS gfd
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+        build-essential python3 ca-certificates debian-archive-keyring gpgv \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY fetch/ fetch/
+ARG GFD=yes
+RUN mkdir -p /out/usr/local/bin \
+    && if [ -n "${GFD}" ]; then \
+        built="$(python3 -c "from fetch.kube import binaries, gobuild; print(gobuild.build(binaries.DEVICE_PLUGIN))")" \
+        && install -m 0755 "${built}/gpu-feature-discovery" /out/usr/local/bin/ \
+        && rm -rf /root/.cache; \
+    fi
+
 FROM ${DEBIAN_IMAGE}
 # python3 for the CLI; util-linux (nsenter) is part of the base image.
 # hadolint ignore=DL3008
@@ -56,6 +79,7 @@ RUN apt-get update \
         --shell /usr/sbin/nologin mokka
 COPY --from=build /opt/mokka/venv /opt/mokka/venv
 COPY --from=build /out/ /
+COPY --from=gfd /out/ /
 # run:ai fake-gpu-operator's mock backend runs this image as its nvml-mock DaemonSet: /scripts/entrypoint.sh
 # stages the node with `mokka host setup`, /scripts/cleanup.sh undoes it (localcluster/nodeimage.py copies
 # the same directory). That DaemonSet sets no user: build its image with --build-arg MOKKA_USER=0:0.

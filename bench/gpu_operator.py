@@ -21,8 +21,8 @@ import psutil
 
 from bench.cluster import _row, _rss_mib
 from localcluster.addons.gpu_operator.install import INSTALL_TO_READY
-from localcluster.addons.virtual import VirtualSpec
 from localcluster.cluster import Cluster, ClusterError, Options
+from virtualfleet.pool import VirtualSpec
 
 COUNTS = (0, 100, 1000)
 QUIET_S = 60.0

@@ -1,4 +1,4 @@
-"""`mokka bench cluster --virtual N`: a fleet of N virtual GPU nodes (:mod:`localcluster.addons.virtual`) beside one
+"""`mokka bench cluster --virtual N`: a fleet of N virtual GPU nodes (:mod:`virtualfleet.pool`) beside one
 real node, and — where fake-gpu-operator's binaries are found (``MOKKA_FGO_DIR``) — the same N
 served by FGO, side by side in the same run, each in a cluster of its own:
 
@@ -21,8 +21,8 @@ from typing import Any
 
 from bench.cluster import _row, _rss_mib
 from localcluster.addons.fgo import FGO_POOL_LABEL, FgoSpec, source_dir
-from localcluster.addons.virtual import VIRTUAL_LABEL, VirtualSpec
 from localcluster.cluster import Cluster, ClusterError, Options
+from virtualfleet.pool import VIRTUAL_LABEL, VirtualSpec
 
 TARGET_1000_READY_S = 60.0
 

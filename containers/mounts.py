@@ -13,7 +13,8 @@ is written into an existing entry still reaches the host, what is created beside
 the tmpfs and goes with the namespace.
 
 Two users: the local cluster's namespace holder (:mod:`localcluster.namespace`) and
-``python -m containers.mounts``, which runs one command in a view — with ``--fresh``, a view in
+``python -m containers.mounts``, which runs one command in a view (``--view FILE``: one written as
+JSON, as :mod:`virtualfleet.template` runs NVIDIA's GFD on a staged node) — with ``--fresh``, a view in
 which every path a GPU node's software keeps on the host (:data:`FRESH_PATHS`: kubelet's,
 containerd's, CDI's, NRI's, ``/run/nvidia``...) is absent, as on a machine that never ran any of
 it. Whatever the command makes there is gone when it ends; the host is never touched.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import stat
@@ -221,6 +223,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--bind", action="append", default=[], type=_bind, metavar="SOURCE:TARGET", help="bind SOURCE over TARGET"
     )
     parser.add_argument(
+        "--view",
+        type=Path,
+        metavar="FILE",
+        help="a view as JSON (binds, links, absent, shared; this module's doc says how each is placed), "
+        "added to the options' own",
+    )
+    parser.add_argument(
         "--size", default="25%", help="size of each union's tmpfs, for what is created there (default: %(default)s)"
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments (after --)")
@@ -230,9 +239,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("no command given")
     if os.geteuid() != 0:
         parser.error("a private mount namespace needs root")
-    absent = [*(FRESH_PATHS if args.fresh else ()), *args.absent]
+    view: dict[str, Any] = {}
+    if args.view is not None:
+        try:
+            view = json.loads(args.view.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--view {args.view}: {exc}")
+        if not isinstance(view, dict):
+            parser.error(f"--view {args.view}: not a JSON object")
+    view["absent"] = [*view.get("absent", []), *(FRESH_PATHS if args.fresh else ()), *args.absent]
+    view["binds"] = [*view.get("binds", []), *args.bind]
     try:
-        enter({"absent": absent, "binds": args.bind}, args.size)
+        enter(view, args.size)
     except (OSError, MountError) as exc:
         print(f"mounts: error: {exc}", file=sys.stderr)
         return 1

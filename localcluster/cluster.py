@@ -34,6 +34,7 @@ from typing import Any
 from fetch import containerd_dist, debcache, gotool, kubelet_api, nvidia_smi
 from fetch.kube import binaries, versions
 from fetch.kube.gobuild import BuildError
+from virtualfleet.pool import Pool, VirtualSpec, check_total
 
 from . import cgroups, config, controlplane, gpustack, images, process
 from .addons import dcgm, fgo, gfd, virtualpools
@@ -45,7 +46,6 @@ from .addons.gpu_operator.install import GpuOperator
 from .addons.nfd import Nfd
 from .addons.nvidia_dra import GPU_DRIVER, NvidiaDraUnavailable
 from .addons.nvidia_dra.install import NvidiaDra
-from .addons.virtual import Pool, VirtualSpec, check_total
 from .addons.virtualpools import VirtualPools
 from .context import Context, Progress
 from .errors import ClusterError
@@ -74,7 +74,7 @@ class Options:
     mig_strategy: str = "none"  # the device plugin's and GFD's --mig-strategy: none | single | mixed
     nodes: tuple[NodeSpec, ...] = ()  # a fleet (each node <profile>-<i>); () = one node "localhost" of profile/gpus
     fabric_delay: float = 0  # seconds until the racks' fabric manager is ready (In Progress until then)
-    virtual: tuple[VirtualSpec, ...] = ()  # pools of KWOK nodes carrying a real node's surface (addons.virtual)
+    virtual: tuple[VirtualSpec, ...] = ()  # pools of KWOK nodes carrying a real node's surface (virtualfleet.pool)
     fgo: tuple[FgoSpec, ...] = ()  # pools of KWOK nodes run:ai's fake-gpu-operator serves (addons.fgo)
     dcgm_exporter: bool = False  # NVIDIA's dcgm-exporter as a DaemonSet on the mock libdcgm (addons.dcgm)
     nfd: bool = False  # Node Feature Discovery's master and workers label the nodes (addons.nfd)
@@ -140,7 +140,7 @@ class Cluster(Context):
 
     @property
     def pools(self) -> list[Pool]:
-        """The virtual pools (:mod:`.addons.virtual`), as made at ``up`` (faults applied since)."""
+        """The virtual pools (:mod:`virtualfleet.pool`), as made at ``up`` (faults applied since)."""
         return virtualpools.pools(self)
 
     @property

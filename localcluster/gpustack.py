@@ -14,7 +14,6 @@ and modules, and DMI's ``product_name`` (GFD's ``gpu.machine``).
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,8 @@ from pathlib import Path
 from gpumodel import nodelayout
 from gpumodel.profile import Profile
 from hostsetup import node as hostnode
+from hostsetup.view import sysfs_view
+from k8snode import gfd
 
 from .layout import NodeLayout
 
@@ -50,30 +51,8 @@ def unstage_node(layout: NodeLayout) -> list[str]:
 
 def namespace_entries(layout: NodeLayout) -> tuple[list[list[str]], list[list[str]]]:
     """(binds, links) inside the namespace: the staged sysfs at the real /sys paths."""
-    sys_root = layout.node_root / "sys"
-    binds: list[list[str]] = []
-    links: list[list[str]] = []
-    devices = sys_root / "bus" / "pci" / "devices"
-    for entry in sorted(devices.iterdir()):
-        links.append([os.readlink(entry), f"/sys/bus/pci/devices/{entry.name}"])
-    for entry in sorted((sys_root / "devices").iterdir()):
-        binds.append([str(entry), f"/sys/devices/{entry.name}"])
-    binds.append([str(sys_root / "bus" / "pci" / "drivers" / "nvidia"), "/sys/bus/pci/drivers/nvidia"])
-    for entry in sorted((sys_root / "module").iterdir()):
-        binds.append([str(entry), f"/sys/module/{entry.name}"])
-    # MIG: the device plugin and the container toolkit map capabilities to /dev/nvidia-caps nodes
-    # through /proc/driver/nvidia-caps/mig-minors (NVIDIA's procfs file; nothing else of it)
-    caps = layout.node_root / "proc" / "driver" / "nvidia-caps"
-    if caps.is_dir():
-        binds.append([str(caps), "/proc/driver/nvidia-caps"])
-    dmi = sys_root / "class" / "dmi" / "id"
-    if dmi.is_dir():
-        real = Path("/sys/class/dmi/id")
-        binds.append([str(dmi), str(real.resolve()) if real.exists() else str(real)])
-    # Not /proc/driver/nvidia: a container's fresh procfs cannot show it, and NVIDIA's CDI hook
-    # (disable-device-node-modification) that finds the host's params file mounts over the
-    # container's, failing where that is absent.
-    return binds, links
+    view = sysfs_view(layout.node_root)
+    return view["binds"], view["links"]
 
 
 def nri_plugin_argv(layout: NodeLayout, health_port: int, external: bool) -> list[str]:
@@ -103,46 +82,6 @@ def device_plugin_argv(
     ]
 
 
-def expected_allocatable(profile: Profile, mig_strategy: str) -> dict[str, int]:
-    """What the device plugin advertises for ``profile`` as staged (its declared MIG layout):
-    whole GPUs as nvidia.com/gpu; with ``mixed`` each MIG profile as nvidia.com/mig-<name>
-    (go-nvlib's name from the memory, ``+`` as ``.``), with ``single`` MIG devices as
-    nvidia.com/gpu."""
-    out: dict[str, int] = {}
-    for resources in allocatable_by_gpu(profile, mig_strategy):
-        for name, count in resources.items():
-            out[name] = out.get(name, 0) + count
-    return out
-
-
-def allocatable_by_gpu(profile: Profile, mig_strategy: str) -> list[dict[str, int]]:
-    """:func:`expected_allocatable` GPU by GPU (index order): what each GPU adds, and what an
-    unhealthy GPU takes away."""
-    from gpumodel import mig, mig_state
-
-    out: list[dict[str, int]] = []
-    for device in profile.devices():
-        mine: dict[str, int] = {}
-        out.append(mine)
-        gis = mig_state.initial_layout(device.spec) if device.spec.modes.mig else []
-        if not device.spec.modes.mig or mig_strategy == "none":
-            mine["nvidia.com/gpu"] = 1
-            continue
-        for gi in gis:
-            for ci in gi.compute:
-                if mig_strategy == "single":
-                    name = "nvidia.com/gpu"
-                else:
-                    suffix = "+me" if gi.profile.index == mig.GI_INDEX["1+me"] else ""
-                    memory = device.spec.memory.total_mib
-                    profile_name = mig.nvlib_profile_name(
-                        gi.profile.slices, ci.profile.slices, gi.profile.memory_mib, memory, suffix
-                    )
-                    name = "nvidia.com/mig-" + profile_name.replace("+", ".")
-                mine[name] = mine.get(name, 0) + 1
-    return out
-
-
 def nvml_env(layout: NodeLayout) -> dict[str, str]:
     """Where NVIDIA's Go tools dlopen ``libnvidia-ml.so.1`` from (go-nvlib's platform check looks
     only on the library path; in their pods the container toolkit puts the library there)."""
@@ -161,25 +100,7 @@ def runtime_env(layout: NodeLayout) -> dict[str, str]:
 
 
 def gfd_argv(binary: Path, layout: NodeLayout, mig_strategy: str = "none") -> list[str]:
-    return [
-        str(binary),
-        "--oneshot",
-        "--no-timestamp",
-        "--use-node-feature-api=false",
-        f"--output-file={layout.gfd / 'labels'}",
-        f"--driver-root-ctr-path={layout.driver_root}",
-        f"--mig-strategy={mig_strategy}",
-    ]
-
-
-def parse_labels(text: str) -> dict[str, str]:
-    """GFD's output file: one ``key=value`` per line."""
-    labels: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.strip().partition("=")
-        if sep and key:
-            labels[key] = value
-    return labels
+    return gfd.oneshot_argv(binary, layout.gfd / "labels", layout.driver_root, mig_strategy)
 
 
 def dra_driver_argv(layout: NodeLayout) -> Sequence[str] | None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from fetch import containerd_dist
 from fetch.kube import versions
 from gpumodel import profile as profiles
+from k8snode import gfd
 
 from . import cgroups, config, gpustack, process, supervise
 from .errors import ClusterError
@@ -252,7 +253,7 @@ def run_gfd(
     out = layout.gfd / "labels"
     if res.returncode != 0 or not out.exists():
         raise ClusterError(f"node {layout.name}: gpu-feature-discovery exited {res.returncode}: {res.stderr[-1500:]}")
-    return gpustack.parse_labels(out.read_text())
+    return gfd.parse_labels(out.read_text())
 
 
 def new_record(name: str, prof: profiles.Profile, spec: str, rack: str | None, ports: NodePorts) -> dict[str, Any]:

@@ -3,8 +3,8 @@ archive for ``ctr images import``: Debian's Python 3 of this machine (interprete
 the shared libraries both need), Mokka's packages from this checkout with their native libraries,
 the runtime dependencies' installed files (the closure of Mokka's requirements, read from the
 installed distributions' metadata), busybox for ``/bin/sh``, nvidia-smi at the path the chart
-expects, and the repository's ``nvmlmock/`` at ``/scripts`` (run:ai fake-gpu-operator's mock backend
-runs the image as its nvml-mock DaemonSet)."""
+expects, NVIDIA's GFD where the fleet controller finds it, and the repository's ``nvmlmock/`` at
+``/scripts`` (run:ai fake-gpu-operator's mock backend runs the image as its nvml-mock DaemonSet)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,12 @@ PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}
 STDLIB = Path(f"/usr/lib/python{sys.version_info.major}.{sys.version_info.minor}")
 SITE = Path(f"usr/local/lib/python{sys.version_info.major}.{sys.version_info.minor}/dist-packages")
 PACKAGES = (
-    "gpumodel", "cdi", "hostsetup", "nri_mokka", "k8snode", "fetch", "containers", "localcluster", "bench", "mokka"
+    "gpumodel", "cdi", "hostsetup", "nri_mokka", "k8snode", "virtualfleet", "fetch", "containers", "localcluster",
+    "bench", "mokka",
 )  # fmt: skip
 STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "pydoc_data", "__pycache__", "config-3.11"}
 SMI_PATH = Path("usr/local/lib/mokka/nvidia-smi")
+GFD_PATH = Path("usr/local/bin/gpu-feature-discovery")  # the fleet controller's (`mokka fleet-controller`)
 SCRIPTS = Path("scripts")  # the repository's nvmlmock/, as the Dockerfile copies it
 ENV = (
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -72,8 +74,9 @@ def _copy_tree(src: Path, dst: Path, skipped: set[str]) -> None:
     shutil.copytree(src, dst, ignore=lambda _d, names: [n for n in names if n in skipped or n.endswith(".pyc")])
 
 
-def build(out: Path, nvidia_smi: Path | None, cache: Path | None = None) -> Path:
-    """The node image's OCI archive under ``out``."""
+def build(out: Path, nvidia_smi: Path | None, cache: Path | None = None, gfd: Path | None = None) -> Path:
+    """The node image's OCI archive under ``out``; with ``gfd``, NVIDIA's gpu-feature-discovery on its
+    PATH (the fleet controller runs it for every pool's template)."""
     if not PYTHON.exists() or not STDLIB.is_dir():
         raise ImageError(f"Debian's {PYTHON.name} is not installed (apt-get install python3)")
     rootfs = out / "node-rootfs"
@@ -114,8 +117,10 @@ def build(out: Path, nvidia_smi: Path | None, cache: Path | None = None) -> Path
     if nvidia_smi is not None:
         (rootfs / SMI_PATH).parent.mkdir(parents=True)
         shutil.copy2(nvidia_smi, rootfs / SMI_PATH)
+    if gfd is not None:
+        shutil.copy2(gfd, rootfs / GFD_PATH)
     extensions = [p for p in rootfs.rglob("*.so*") if p.is_file() and not p.is_symlink()]
-    programs = [PYTHON, *extensions] + ([nvidia_smi] if nvidia_smi is not None else [])
+    programs = [PYTHON, *extensions] + [p for p in (nvidia_smi, gfd) if p is not None]
     oci.make_rootfs(rootfs, programs=programs, cache=cache)
     with (rootfs / "etc" / "passwd").open("a") as fh:
         fh.write("mokka:x:10001:10001::/nonexistent:/usr/sbin/nologin\n")

@@ -27,7 +27,7 @@ class State:
     timings: dict[str, float] = field(default_factory=dict)
     nri_external: bool = False
     host_sysctls: dict[str, str] = field(default_factory=dict)  # the host's values when the cluster came up
-    virtual: list[dict[str, Any]] = field(default_factory=list)  # addons.virtual.Pool.to_json()s
+    virtual: list[dict[str, Any]] = field(default_factory=list)  # virtualfleet.pool.Pool.to_json()s
     fgo: list[str] = field(default_factory=list)  # the FgoSpecs, as given
 
     @classmethod

@@ -218,10 +218,13 @@ def run_pod(core: Any, manifest: dict[str, Any], namespace: str = "default", tim
         core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
 
 
-def install_chart(cluster: Cluster, namespace: str, values: dict[str, Any], tmp: Path) -> str:
-    """Mokka's node image (built without Docker) imported into every node, and the Helm chart rendered
-    for this cluster's Kubernetes version with ``values`` (the image filled in) and applied
-    server-side with strict validation into ``namespace``; the rendered manifests."""
+def install_chart(
+    cluster: Cluster, namespace: str, values: dict[str, Any], tmp: Path, only: tuple[str, ...] = ()
+) -> str:
+    """Mokka's node image (built without Docker; with NVIDIA's GFD where ``fleet.enabled``) imported
+    into every node, and the Helm chart rendered for this cluster's Kubernetes version with
+    ``values`` (the image filled in) — only the templates ``only`` names, where it names some —
+    and applied server-side with strict validation into ``namespace``; the rendered manifests."""
     import json
     import subprocess
 
@@ -231,7 +234,12 @@ def install_chart(cluster: Cluster, namespace: str, values: dict[str, Any], tmp:
     from fetch import nvidia_smi, prepare, versions
     from localcluster import nodeimage
 
-    cluster.import_image(nodeimage.build(tmp / "node-image", nvidia_smi.fetch("550")))
+    gfd = None
+    if values.get("fleet", {}).get("enabled"):
+        bins = binaries.cached()
+        assert bins is not None
+        gfd = bins["gpu-feature-discovery"]
+    cluster.import_image(nodeimage.build(tmp / "node-image", nvidia_smi.fetch("550"), gfd=gfd))
     repository, tag = nodeimage.NODE_IMAGE.rsplit(":", 1)
     values = {**values, "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"}}
     values_file = tmp / "values.yaml"
@@ -239,8 +247,35 @@ def install_chart(cluster: Cluster, namespace: str, values: dict[str, Any], tmp:
     helm = prepare.go_binary(versions.HELM)  # built by .ci/setup --tests
     version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
     argv = [str(helm), "template", "node", str(test_chart.CHART), "-n", namespace, "-f", str(values_file), "--no-hooks"]
-    argv += ["--kube-version", version.lstrip("v")]
+    argv += ["--kube-version", version.lstrip("v"), *(f"--show-only=templates/{t}" for t in only)]
     rendered = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     cluster.kubectl("create", "namespace", namespace)
     cluster.kubectl("apply", "--server-side", "--validate=strict", "-f", "-", input=rendered)
     return rendered
+
+
+@contextlib.contextmanager
+def fleet_crd(cluster: Cluster, max_replicas: int = 100000) -> Iterator[None]:
+    """The chart's VirtualGPUPool CustomResourceDefinition (``fleet.enabled=true``), rendered by
+    helm for this cluster and applied server-side; deleted at the end (with every pool)."""
+    import subprocess
+
+    import test_chart
+    import yaml
+
+    from fetch import prepare, versions
+
+    crd = "virtualgpupools.mokka.io"
+    helm = prepare.go_binary(versions.HELM)  # built by .ci/setup --tests
+    server = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
+    argv = [str(helm), "template", "fleet", str(test_chart.CHART), "--kube-version", server.lstrip("v")]
+    argv += ["--set", "fleet.enabled=true", "--set", f"fleet.maxReplicas={max_replicas}"]
+    argv += ["--show-only", "templates/fleet-crd.yaml"]
+    rendered = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
+    assert [d["kind"] for d in yaml.safe_load_all(rendered) if d] == ["CustomResourceDefinition"]
+    cluster.kubectl("apply", "--server-side", "--validate=strict", "-f", "-", input=rendered)
+    try:
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        yield
+    finally:
+        cluster.kubectl("delete", "crd", crd, "--ignore-not-found", "--wait=true", check=False)

@@ -537,7 +537,35 @@ def fgo_load(docs: Docs, namespace: str, name: str) -> dict[str, Any]:
 
 
 def test_fleet_api_off_by_default(render: Callable[..., Docs]) -> None:
-    assert [d for d in render({}) if d["kind"] == "CustomResourceDefinition"] == []
+    assert [d for d in render({}) if d["kind"] in ("CustomResourceDefinition", "Deployment")] == []
+
+
+def test_fleet_controller_runs_gfd_from_the_image_keeps_off_virtual_nodes_and_apart_from_the_daemonset(
+    render: Callable[..., Docs],
+) -> None:
+    """tests/test_cluster_fleet_controller.py runs it; here: what the Deployment is made of."""
+    from localcluster import nodeimage
+
+    docs = render({"fleet": {"enabled": True, "controller": {"replicas": 2, "nfdLabels": False}}})
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert deploy["spec"]["replicas"] == 2
+    pod = deploy["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == ds["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert f"--gfd=/{nodeimage.GFD_PATH}" in container["command"]  # where the Dockerfile and the node image put it
+    assert {"--no-nfd-labels", "--leader-elect"} <= set(container["command"])
+    selector = ds["spec"]["selector"]["matchLabels"]
+    assert not all(pod["metadata"]["labels"].get(k) == v for k, v in selector.items())  # not the DaemonSet's pods
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    off_kwok = [{"key": "type", "operator": "NotIn", "values": ["kwok"]}]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"] == off_kwok
+    fleet = [d for d in docs if "fleet" in d["metadata"]["name"] or d["kind"] == "CustomResourceDefinition"]
+    kinds = sorted(d["kind"] for d in fleet)
+    assert kinds == [
+        "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Role", "RoleBinding",
+        "ServiceAccount",
+    ]  # fmt: skip
 
 
 def test_fleet_api_offers_every_builtin_profile(render: Callable[..., Docs]) -> None:

@@ -12,10 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import test_chart
-import yaml
+from cluster_fixtures import fleet_crd
 
-from fetch import prepare, versions
 from gpumodel import profile
 from localcluster.cluster import Cluster
 
@@ -32,20 +30,8 @@ def pool(name: str, **spec: Any) -> str:
 
 @pytest.fixture(scope="module")
 def api(kube_cluster: Cluster) -> Iterator[Cluster]:
-    """The chart's CustomResourceDefinition, rendered for this cluster and applied server-side."""
-    helm = prepare.go_binary(versions.HELM)  # built by .ci/setup --tests
-    server = json.loads(kube_cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
-    argv = [str(helm), "template", "fleet", str(test_chart.CHART), "--kube-version", server.lstrip("v")]
-    argv += ["--set", "fleet.enabled=true", "--set", f"fleet.maxReplicas={MAX}"]
-    argv += ["--show-only", "templates/fleet-crd.yaml"]
-    rendered = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
-    assert [d["kind"] for d in yaml.safe_load_all(rendered) if d] == ["CustomResourceDefinition"]
-    kube_cluster.kubectl("apply", "--server-side", "--validate=strict", "-f", "-", input=rendered)
-    try:
-        kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
+    with fleet_crd(kube_cluster, MAX):
         yield kube_cluster
-    finally:
-        kube_cluster.kubectl("delete", "crd", CRD, "--ignore-not-found", "--wait=true", check=False)
 
 
 def create(cluster: Cluster, body: str) -> subprocess.CompletedProcess[str]:

@@ -29,9 +29,9 @@ from fetch.kube import versions as kube_versions
 from gpumodel.nodelayout import NodeLayout
 from localcluster.addons import gpu_operator
 from localcluster.addons.gpu_operator import images, install
-from localcluster.addons.virtual import VIRTUAL_LABEL, VirtualSpec, real_nodes_affinity
 from localcluster.cluster import Cluster, ClusterError, Options
 from localcluster.nodespec import NodeSpec
+from virtualfleet.pool import VIRTUAL_LABEL, VirtualSpec, real_nodes_affinity
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, needs_gpu_operator]
 

@@ -15,9 +15,9 @@ from cluster_fixtures import start_cluster
 
 from k8snode import nodeinfo
 from localcluster.addons import nfd
-from localcluster.addons.virtual import VIRTUAL_LABEL, VirtualSpec
 from localcluster.cluster import Cluster
 from localcluster.nodespec import NodeSpec
+from virtualfleet.pool import VIRTUAL_LABEL, VirtualSpec
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -24,7 +24,8 @@ from fetch import containerd_dist
 from fetch.kube import binaries, gobuild, versions
 from gpumodel import fleet, profile
 from hostsetup import sysfs
-from localcluster import config, gpustack, pki
+from k8snode import gfd
+from localcluster import config, pki
 from localcluster.layout import MAX_NODES, PRIVATE_PATHS, Layout, NodePorts, Ports
 from localcluster.nodespec import NodeSpec, resolve
 
@@ -151,7 +152,7 @@ def test_certificates(tmp_path: Path) -> None:
 
 def test_gfd_label_file() -> None:
     text = "nvidia.com/gpu.count=8\nnvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3\n\nbroken line\n"
-    assert gpustack.parse_labels(text) == {
+    assert gfd.parse_labels(text) == {
         "nvidia.com/gpu.count": "8",
         "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
     }

@@ -22,8 +22,8 @@ from bench.virtual import gpu_deployment
 from gpumodel import fleet
 from localcluster.addons import fgo
 from localcluster.addons.fgo import FgoSpec
-from localcluster.addons.virtual import VirtualSpec
 from localcluster.cluster import Cluster
+from virtualfleet.pool import VirtualSpec
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -265,6 +265,13 @@ def test_a_virtual_node_publishes_the_dra_plugins_devices(dra_cluster: Cluster) 
             k: v for k, v in r["attributes"].items() if k != "uuid"
         }
         assert d["capacity"] == r["capacity"]
+    # The GPUs are the slice's devices only: no node resource, as on the real node with the DRA driver.
+    gpu_resources = [
+        {k for k in n["status"]["capacity"] if k.startswith("nvidia.com/")}
+        for n in (json.loads(dra_cluster.kubectl("get", "node", name, "-o", "json").stdout)
+                  for name in (dra_cluster.node_name, "virtual-h100-2-1"))
+    ]  # fmt: skip
+    assert gpu_resources == [set(), set()]
 
 
 def test_a_dra_claim_is_allocated_on_a_virtual_node(dra_cluster: Cluster) -> None:

@@ -23,6 +23,7 @@ import pytest
 
 from containers import cleanup, sandbox
 from fetch import debcache
+from fetch.kube import versions
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -68,6 +69,7 @@ PROBE = r"""
 echo "version=$(mokka --version)"
 echo "uid=$(id -u):$(id -g)"
 echo "smi=$(test -x /usr/local/lib/mokka/nvidia-smi && stat -c '%a:%U' /usr/local/lib/mokka/nvidia-smi)"
+echo "gfd=$(gpu-feature-discovery --version 2>&1 | head -n 1)"
 echo "pages=$(find /usr/share/man /usr/share/info -type f | wc -l)"
 echo "apt_doc=$(ls /usr/share/doc/apt | tr '\n' ' ')"
 echo "uris=$(sed -n 's/^URIs: //p' /etc/apt/sources.list.d/debian.sources | tr '\n' ' ')"
@@ -116,6 +118,11 @@ def test_mokka_runs(probe: dict[str, str]) -> None:
 
 def test_nvidia_smi_where_the_chart_expects_it(probe: dict[str, str]) -> None:
     assert probe["smi"] == "755:root", probe
+
+
+def test_gfd_where_the_fleet_controller_expects_it(probe: dict[str, str]) -> None:
+    """The chart's fleet.controller.gfd: NVIDIA's GFD, built in its own stage from the module proxy."""
+    assert probe["gfd"] == f"GPU Feature Discovery version {versions.DEVICE_PLUGIN}", probe
 
 
 def test_runs_as_uid_10001(probe: dict[str, str]) -> None:

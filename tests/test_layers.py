@@ -28,6 +28,7 @@ LAYERS = {
     "hostsetup": 1,  # stages the mock node, configures containerd
     "nri_mokka": 1,  # the NRI plugin
     "k8snode": 1,  # the node as Kubernetes sees it: identity labels, kubelet plugins
+    "virtualfleet": 2,  # virtual GPU nodes: pools, their templates (GFD on a staged node), the fleet controller
     "fetch": 2,  # what is fetched and built into the cache: Debian packages, Go builds, bindings, versions
     "containers": 3,  # containers without Docker: private containerd, CRI client, OCI images, mounts
     "localcluster": 4,  # a real Kubernetes with mock GPU nodes (a user feature: `mokka cluster`)

@@ -1,4 +1,4 @@
-"""The virtual pools' model (localcluster.addons.virtual, localcluster.addons.fgo): specs, what a node carries,
+"""The virtual pools' model (virtualfleet.pool, localcluster.addons.fgo): specs, what a node carries,
 faults as the device plugin reports them. No cluster: the API side is in test_cluster_virtual."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ import pytest
 import yaml
 
 from gpumodel import fleet, profile
-from localcluster import gpustack
-from localcluster.addons import fgo, virtual
+from k8snode import deviceplugin
+from localcluster.addons import fgo
 from localcluster.addons.fgo import FgoSpec
-from localcluster.addons.virtual import Pool, VirtualSpec
+from virtualfleet import pool as virtual
+from virtualfleet.pool import Pool, VirtualSpec
 
 
 def pool(profile_name: str = "h100", gpus: int = 8, count: int = 3, racked: bool = False) -> Pool:
@@ -23,7 +24,7 @@ def pool(profile_name: str = "h100", gpus: int = 8, count: int = 3, racked: bool
         gpus=gpus,
         count=count,
         labels={"nvidia.com/gpu.product": "X", **({virtual.CLIQUE_LABEL: "abc.7"} if racked else {})},
-        per_gpu=gpustack.allocatable_by_gpu(prof, "none"),
+        per_gpu=deviceplugin.allocatable_by_gpu(prof, "none"),
         devices=[{"name": f"gpu-{i}", "attributes": {"uuid": {"string": "template"}}} for i in range(gpus)],
         racked=racked,
     )

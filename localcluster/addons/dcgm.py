@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from containers import images as oci
 from fetch import dcgm_exporter
+from virtualfleet.pool import real_nodes_affinity
 
 from ..errors import ClusterError
 from ..nodewatch import ready
 from .base import AddOn, Kit
-from .virtual import real_nodes_affinity
 
 if TYPE_CHECKING:
     from ..context import Context

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fetch.kube import versions
+from k8snode import deviceplugin
 
 from .. import gpustack
 from ..processes import READY_TIMEOUT
@@ -43,7 +44,7 @@ def wait_allocatable(
     ctx: Context, mig_strategy: str, what: str = "allocatable GPUs", timeout: float = READY_TIMEOUT
 ) -> None:
     """Wait until every node advertises its profile's GPUs (or MIG devices) as allocatable."""
-    wants = {n.name: gpustack.expected_allocatable(ctx.profiles[n.name], mig_strategy) for n in ctx.nodes}
+    wants = {n.name: deviceplugin.expected_allocatable(ctx.profiles[n.name], mig_strategy) for n in ctx.nodes}
 
     def advertised(n: Node) -> bool:
         return all(n.allocatable(k) == v for k, v in wants[n.name].items())

@@ -29,11 +29,11 @@ import yaml
 
 from fetch import thirdparty
 from gpumodel import profile as profiles
+from virtualfleet import pool as virtual
 
 from ..errors import api_errors
 from ..nodewatch import NodeWatch, ready
 from ..processes import READY_TIMEOUT
-from . import virtual
 from .base import AddOn, Kit
 
 if TYPE_CHECKING:

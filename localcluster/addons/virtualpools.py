@@ -14,16 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fetch.kube import binaries, versions
-from gpumodel import fleet, nodelayout
+from virtualfleet import pool as virtual
+from virtualfleet import template
+from virtualfleet.pool import Pool, VirtualSpec
 
-from .. import gpustack
 from ..errors import ClusterError, api_errors
-from ..node import run_gfd
 from ..nodewatch import NodeWatch, ready
 from ..processes import READY_TIMEOUT
-from . import kwok, nfd, virtual
+from . import kwok
 from .base import AddOn, Kit
-from .virtual import Pool, VirtualSpec
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -46,7 +45,7 @@ class VirtualPools(AddOn):
         if specs:
             with ctx.step(f"virtual pools computed ({', '.join(map(str, specs))}): GFD's labels, GPUs"):
                 gfd = kit.bins["gpu-feature-discovery"]
-                made = [build(ctx, s, gfd, kit.nvidia_smi, self.mig_strategy, self.nfd) for s in specs]
+                made = [build(ctx, s, gfd, self.mig_strategy, self.nfd, self.dra) for s in specs]
                 ctx.state.virtual = [p.to_json() for p in made]
                 ctx.save()
         total = sum(p.count for p in made)
@@ -82,40 +81,23 @@ def fault(ctx: Context, node: str, gpus: Sequence[int], reason: str | None) -> l
 
 
 def build(
-    ctx: Context, spec: VirtualSpec, gfd: Path, nvidia_smi: Path, mig_strategy: str, with_nfd: bool = False
+    ctx: Context, spec: VirtualSpec, gfd: Path, mig_strategy: str, with_nfd: bool = False, dra: bool = False
 ) -> Pool:
-    """Pool ``spec``: its profile staged as a mock node in a mount namespace of its own, labelled
-    by GFD (one-shot) and read through NVML as the DRA plugin reads a node; then unstaged. With
-    ``with_nfd`` its nodes also carry the PCI labels NFD gives a real node of the profile from
-    Mokka's feature file (:func:`.nfd.labels`; NFD's host-specific labels, CPU and kernel, are a
-    real host's and not modelled)."""
-    from k8snode.dra import gpus as dra_gpus
-    from k8snode.dra import resources
-
+    """Pool ``spec`` from its template (:func:`virtualfleet.template.compute`: the profile staged,
+    labelled by NVIDIA's GFD, read through NVML); GFD's output in ``logs/template-<pool>/gfd.log``.
+    With ``with_nfd`` its nodes also carry the PCI labels NFD gives a real node of the profile."""
     prof = virtual.profile_for(spec)
-    name = f"template-{spec.pool}"
-    layout = ctx.layout.node(name, 0)
-    staged = fleet.as_node(prof, name)
-    racked = virtual.racked(prof)
-    if racked:
-        staged = fleet.in_rack(staged, f"virtual-{spec.pool}-template")
-    holder_name = f"namespace@{name}"
+    workdir = ctx.layout.node(f"template-{spec.pool}", 0).base
     try:
-        gpustack.stage_node(layout, staged, nvidia_smi)
-        binds, links = gpustack.namespace_entries(layout)
-        layout.logs.mkdir(parents=True, exist_ok=True)
-        ctx.processes.start_holder(holder_name, {"binds": binds, "links": links}, layout.ns, layout.logs)
-        holder = ctx.processes.get(holder_name)
-        labels = run_gfd(ctx.processes, holder.pid if holder else None, layout, gfd, mig_strategy)
-        node = nodelayout.NodeLayout.load(layout.node_root)
-        try:
-            info = dra_gpus.read(Path(node.library), layout.node_root / "sys")
-        except dra_gpus.NvmlError as exc:
-            raise ClusterError(f"pool {spec.pool}: {exc}") from None
+        made = template.compute(prof, spec.pool, gfd, workdir, mig_strategy, with_nfd)
+    except template.TemplateError as exc:
+        raise ClusterError(str(exc)) from None
     finally:
-        ctx.processes.stop(holder_name)
-        gpustack.unstage_node(layout)
-        shutil.rmtree(layout.base, ignore_errors=True)
+        logs = ctx.layout.logs / f"template-{spec.pool}"
+        if (workdir / "gfd.log").exists():
+            logs.mkdir(parents=True, exist_ok=True)
+            shutil.move(workdir / "gfd.log", logs / "gfd.log")
+        shutil.rmtree(workdir, ignore_errors=True)
     return Pool(
         name=spec.pool,
         spec=str(spec),
@@ -123,10 +105,11 @@ def build(
         product=prof.gpu.name,
         gpus=prof.gpu_count,
         count=spec.count,
-        labels={**labels, **(nfd.labels(prof) if with_nfd else {})},
-        per_gpu=gpustack.allocatable_by_gpu(prof, mig_strategy),
-        devices=[resources.device(g, info) for g in info.gpus],
-        racked=racked,
+        labels=made.labels,
+        per_gpu=made.per_gpu,
+        devices=made.devices,
+        racked=made.racked,
+        dra=dra,
     )
 
 

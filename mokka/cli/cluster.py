@@ -50,7 +50,7 @@ def _node_spec(_ctx: click.Context, _param: click.Parameter, values: tuple[str, 
 
 
 def _virtual_spec(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> tuple[Any, ...]:
-    from localcluster.addons.virtual import VirtualSpec
+    from virtualfleet.pool import VirtualSpec
 
     try:
         specs = tuple(VirtualSpec.parse(v) for v in values)

@@ -77,9 +77,9 @@ def _virtual_cluster(node: str, cluster_dir: Path) -> Any:
 def _virtual_fault(c: Any, node: str, gpu: str | None, kind: str, fields: dict[str, Any]) -> None:
     """Fault ``kind`` on virtual node ``node``: its GPUs healthy or not, as the device plugin reports them."""
     from gpumodel import faults, fleet
-    from localcluster.addons.virtual import fault_effect
     from localcluster.addons.virtualpools import fault, find
     from localcluster.cluster import ClusterError
+    from virtualfleet.pool import fault_effect
 
     pool = find(c.pools, node)
     assert pool is not None

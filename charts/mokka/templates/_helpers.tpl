@@ -101,3 +101,9 @@ helm.sh/hook-weight: {{ . | quote }}
 helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- end }}
 
+
+{{/* The fleet controller's pods: apart from the DaemonSet's (whose selector is name and instance). */}}
+{{- define "mokka.fleetSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "mokka.name" . }}-fleet-controller
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}

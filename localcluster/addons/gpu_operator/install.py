@@ -19,12 +19,12 @@ from fetch import dcgm_exporter, debcache, gotool
 from fetch import versions as tools
 from fetch.kube import gpu_operator as build
 from fetch.kube import versions
+from virtualfleet.pool import real_nodes_affinity
 
 from ...errors import ClusterError
 from ..base import AddOn, Kit
 from ..device_plugin import wait_allocatable
 from ..nfd import write_feature_file
-from ..virtual import real_nodes_affinity
 from . import (
     NAMESPACE,
     RELEASE,

@@ -2,12 +2,12 @@
 carrying what a real Mokka node of its profile shows the API — without a kubelet or a process of
 its own.
 
-``mokka cluster up --virtual PROFILE[:GPUS]=COUNT`` makes a *pool* of COUNT such nodes,
-``virtual-<pool>-<i>``. What each carries is computed once per pool by the code that models a
-real node: the pool's profile is staged as a mock node (:func:`.gpustack.stage_node`), NVIDIA's
-GFD labels it (one-shot, with the cluster's ``--mig-strategy``), the device plugin's resources
-come from :func:`.gpustack.allocatable_by_gpu`, and the DRA devices from NVML as the project's
-DRA plugin reads them (:func:`k8snode.dra.gpus.read`). Every node of the pool then gets
+A *pool* is COUNT such nodes of one profile, ``virtual-<pool>-<i>`` (``mokka cluster up --virtual
+PROFILE[:GPUS]=COUNT`` makes them). What each carries is its pool's template
+(:mod:`virtualfleet.template`), computed once by the code and the programs that model a real node:
+NVIDIA's GFD on the profile staged as a mock node, the device plugin's resources
+(:mod:`k8snode.deviceplugin`), the DRA devices read through NVML as the project's DRA plugin reads
+them. Every node of the pool then gets
 
 - GFD's labels (``nvidia.com/gpu.clique`` with its own rack's cluster UUID where the board is
   built into racks), ``type=kwok``, ``mokka.io/virtual=true`` and ``mokka.io/virtual-pool``: the
@@ -109,21 +109,28 @@ class Pool:
     devices: list[Json]  # the DRA plugin's ResourceSlice devices of the staged profile
     racked: bool = False  # the board is built into racks: each node's clique is its rack's
     faults: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> GPU index -> why unhealthy
+    rack_gpus: int = fleet.NVL_DOMAIN_GPUS  # GPUs in one NVLink domain (rack), where racked
+    taints: list[Json] = field(default_factory=list)  # on every node
+    owner: Json | None = None  # the ownerReference every node carries (a VirtualGPUPool's)
+    dra: bool = False  # the GPUs are a ResourceSlice's devices (a DRA driver's), not node resources
 
     @property
     def nodes(self) -> list[str]:
         return [f"virtual-{self.name}-{i}" for i in range(self.count)]
 
     def rack(self, i: int) -> str | None:
-        per_rack = max(1, fleet.NVL_DOMAIN_GPUS // self.gpus)
-        return f"virtual-{self.name}-nvl{fleet.NVL_DOMAIN_GPUS}-{i // per_rack}" if self.racked else None
+        per_rack = max(1, self.rack_gpus // self.gpus)
+        return f"virtual-{self.name}-nvl{self.rack_gpus}-{i // per_rack}" if self.racked else None
 
     def healthy(self, node: str) -> list[int]:
         bad = self.faults.get(node, {})
         return [i for i in range(self.gpus) if str(i) not in bad]
 
     def resources(self, node: str, allocatable: bool) -> dict[str, str]:
-        """The node's GPU resources: capacity (every GPU) or allocatable (healthy GPUs only)."""
+        """The node's GPU resources: capacity (every GPU) or allocatable (healthy GPUs only); none
+        where a DRA driver publishes the GPUs (a real node with only the DRA driver has none)."""
+        if self.dra:
+            return {}
         out: dict[str, int] = {}
         gpus = self.healthy(node) if allocatable else range(self.gpus)
         for i in gpus:
@@ -166,11 +173,14 @@ def node_body(pool: Pool, i: int) -> Json:
         VIRTUAL_LABEL: "true",
         POOL_LABEL: pool.name,
     }
+    metadata: Json = {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1]}}
+    if pool.owner is not None:
+        metadata["ownerReferences"] = [pool.owner]
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1]}},
-        "spec": {},
+        "metadata": metadata,
+        "spec": {"taints": pool.taints} if pool.taints else {},
         "status": {
             "capacity": {**NODE_RESOURCES, **pool.resources(name, allocatable=False)},
             "allocatable": {**NODE_RESOURCES, **pool.resources(name, allocatable=True)},
@@ -208,10 +218,6 @@ def fault_effect(kind: str, fields: Json) -> tuple[str, str]:
 
 def profile_for(spec: VirtualSpec) -> profiles.Profile:
     return profiles.load(spec.profile).with_count(spec.gpus)
-
-
-def racked(profile: profiles.Profile) -> bool:
-    return fleet.default_rack(profile, 0) is not None
 
 
 def parallel(fn: Any, items: Iterable[Any], workers: int = 8) -> list[Any]:

@@ -1,0 +1,144 @@
+"""`mokka fleet-controller`: the controller of the VirtualGPUPool API (virtual GPU nodes)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import click
+
+from .root import fail, main
+
+GFD_ENV = "MOKKA_GFD"
+
+
+@main.command("fleet-controller")
+@click.option(
+    "--gfd",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"NVIDIA's gpu-feature-discovery binary, run once per pool template (default: ${GFD_ENV}, else "
+    "gpu-feature-discovery on PATH).",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/tmp/mokka-fleet"),
+    show_default=True,
+    help="Where a pool's profile is staged while its template is computed (emptied after).",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="API server credentials (default: in-cluster, else $KUBECONFIG or ~/.kube/config).",
+)
+@click.option(
+    "--nfd-labels/--no-nfd-labels",
+    default=True,
+    show_default=True,
+    help="Virtual nodes also carry the PCI labels NFD gives a real node of the profile (from Mokka's feature file).",
+)
+@click.option(
+    "--leader-elect/--no-leader-elect",
+    default=True,
+    show_default=True,
+    help="Reconcile only while holding the Lease --lease-namespace/--lease-name (several replicas, one at work).",
+)
+@click.option(
+    "--lease-namespace",
+    default=None,
+    help="Namespace of the Lease (default: $POD_NAMESPACE, else mokka-system).",
+)
+@click.option("--lease-name", default="mokka-fleet-controller", show_default=True, help="Name of the Lease.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging (HTTP and the election).")
+def fleet_controller(
+    gfd: Path | None,
+    workdir: Path,
+    kubeconfig: Path | None,
+    nfd_labels: bool,
+    leader_elect: bool,
+    lease_namespace: str | None,
+    lease_name: str,
+    verbose: bool,
+) -> None:
+    """Make every VirtualGPUPool (mokka.io/v1alpha1) into virtual GPU nodes, and keep them so.
+
+    A pool's nodes virtual-<pool>-<i> carry what a real node of its profile carries: the labels
+    NVIDIA's GFD computes on the profile staged as a mock node (and NFD's PCI labels), the GPUs as
+    nvidia.com/gpu capacity and allocatable or as a ResourceSlice (allocator dra), the NVLink
+    clique of their rack, the pool's own labels and taints. Missing nodes are made (also one
+    deleted by hand), changed ones brought in step, surplus ones deleted (`kubectl scale
+    vgp/<pool> --replicas=N`); the pool's status counts nodes, Ready nodes, allocatable GPUs and
+    racks. KWOK keeps the nodes Ready. Needs root (a pool's template stages a mock node and runs
+    GFD in a mount namespace of its own) and the chart's RBAC. Logs one line per change; stops on
+    SIGTERM.
+    """
+    import logging
+    import signal
+    import threading
+
+    from k8snode.dra import cluster
+    from virtualfleet import controller
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not verbose:
+        for noisy in ("kubernetes", "urllib3", "leaderelection"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    binary = gfd or (Path(os.environ[GFD_ENV]) if os.environ.get(GFD_ENV) else None)
+    if binary is None:
+        found = shutil.which("gpu-feature-discovery")
+        if found is None:
+            fail(f"no gpu-feature-discovery: give --gfd or ${GFD_ENV}, or put it on PATH")
+        binary = Path(found)
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        fail(f"--gfd {binary}: not an executable file")
+    if os.geteuid() != 0:
+        fail("the fleet controller needs root: a pool's template stages a mock node in a mount namespace")
+    try:
+        api = cluster.load_client(str(kubeconfig) if kubeconfig else None)
+    except cluster.ClusterError as exc:
+        fail(str(exc))
+    settings = controller.Settings(gfd=binary, workdir=workdir, nfd_labels=nfd_labels)
+    ctl = controller.Controller(api, settings)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    log = logging.getLogger("mokka.fleet")
+    if not leader_elect:
+        log.info("reconciling every VirtualGPUPool (no leader election)")
+        ctl.run(stop)
+        return
+    from kubernetes.leaderelection import electionconfig, leaderelection  # type: ignore[import-untyped, unused-ignore]
+
+    from virtualfleet.lease import LeaseLock
+
+    namespace = lease_namespace or os.environ.get("POD_NAMESPACE") or "mokka-system"
+    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}"
+    lock = LeaseLock(api, lease_name, namespace, identity)
+
+    def lead() -> None:
+        log.info("%s leads (Lease %s/%s): reconciling every VirtualGPUPool", identity, namespace, lease_name)
+        ctl.run(stop)
+        os._exit(0)
+
+    def lost() -> None:  # another replica may lead now: stop at once, the Deployment restarts this one
+        log.error("%s lost the Lease %s/%s: exiting", identity, namespace, lease_name)
+        os._exit(1)
+
+    log.info("%s waiting for the Lease %s/%s", identity, namespace, lease_name)
+    election = leaderelection.LeaderElection(
+        electionconfig.Config(
+            lock, lease_duration=15, renew_deadline=10, retry_period=2, onstarted_leading=lead, onstopped_leading=lost
+        )
+    )
+    runner = threading.Thread(target=election.run, daemon=True, name="election")
+    runner.start()
+    while not stop.wait(1.0):
+        if not runner.is_alive():
+            break
+    log.info("stopping")

@@ -1,0 +1,278 @@
+"""The chart's fleet controller (``fleet.enabled=true``: the VirtualGPUPool definition and the
+controller's Deployment, from Mokka's image built here with NVIDIA's GFD) on a real API server (the
+session cluster), KWOK keeping the nodes Ready: a pool becomes nodes carrying exactly the GFD labels
+of the cluster's real node of the same profile; ``kubectl scale`` adds and removes nodes; a node
+deleted by hand comes back identical; racks, DRA pools, a profile from a ConfigMap; a bad pool is
+told in its Ready condition; deleting a pool deletes its nodes; a new controller pod makes
+byte-identical nodes; of two replicas one holds the Lease, and the other takes over when it goes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from cluster_fixtures import install_chart, wait_for
+
+from fetch.kube import binaries
+from gpumodel import profile
+from localcluster.addons import kwok
+from localcluster.cluster import Cluster
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+NS = "mokka-fleet"
+POOL_LABEL = "mokka.io/virtual-pool"
+CONTROLLER = "node-mokka-fleet"  # the Deployment (release "node", as install_chart names it)
+LEASE = "mokka-fleet-controller"
+VALUES = {"fleet": {"enabled": True}}
+
+
+def controller_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    selector = "app.kubernetes.io/name=mokka-fleet-controller"
+    return json.loads(cluster.kubectl("get", "pods", "-n", NS, "-l", selector, "-o", "json").stdout)["items"]  # type: ignore[no-any-return]
+
+
+def running(cluster: Cluster, replicas: int) -> list[str]:
+    """The names of the controller's ``replicas`` pods once that many run (and no other)."""
+
+    def done() -> list[str] | None:
+        pods = controller_pods(cluster)
+        live = [p for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+        return [p["metadata"]["name"] for p in live] if len(live) == replicas == len(pods) else None
+
+    return wait_for(f"{replicas} fleet controller pod(s) Running", done, 120)  # type: ignore[no-any-return]
+
+
+def holder(cluster: Cluster) -> str | None:
+    res = cluster.kubectl("get", "lease", LEASE, "-n", NS, "-o", "jsonpath={.spec.holderIdentity}", check=False)
+    return (res.stdout.strip() or None) if res.returncode == 0 else None
+
+
+def logs(cluster: Cluster, pod: str) -> str:
+    return cluster.kubectl("logs", "-n", NS, pod, check=False).stdout
+
+
+@pytest.fixture(scope="module")
+def fleet(kube_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The chart's CRD and controller, and KWOK for the nodes annotated kwok.x-k8s.io/node=fake."""
+    tmp = tmp_path_factory.mktemp("fleet-controller")
+    bins = binaries.cached()
+    assert bins is not None
+    only = ("fleet-crd.yaml", "fleet-controller.yaml")
+    rendered = install_chart(kube_cluster, NS, VALUES, tmp, only=only)
+    kwok.write_configuration(kube_cluster.layout)
+    argv = kwok.argv(bins.kwok, kube_cluster.layout, binaries.KWOK_STAGES)
+    kw = subprocess.Popen(argv, stdout=(tmp / "kwok.log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        leader = wait_for("the controller holding its Lease", lambda: holder(kube_cluster), 180)
+        assert leader in running(kube_cluster, 1)
+        yield kube_cluster
+    finally:
+        for item in kube_cluster.kubectl("get", "vgp", "-o", "name", check=False).stdout.split():
+            kube_cluster.kubectl("delete", item, "--wait=true", check=False)
+        wait_for("every virtual node gone", lambda: not nodes(kube_cluster, "mokka.io/virtual=true"), 120)
+        kube_cluster.kubectl("delete", "-f", "-", "--wait=true", "--ignore-not-found", input=rendered, check=False)
+        kube_cluster.kubectl("delete", "namespace", NS, "--wait=true", check=False)
+        kw.terminate()
+        kw.wait(timeout=30)
+
+
+def apply_pool(cluster: Cluster, name: str, **spec: Any) -> None:
+    body = {"apiVersion": "mokka.io/v1alpha1", "kind": "VirtualGPUPool", "metadata": {"name": name}, "spec": spec}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
+def get_pool(cluster: Cluster, name: str) -> dict[str, Any]:
+    return json.loads(cluster.kubectl("get", "vgp", name, "-o", "json").stdout)  # type: ignore[no-any-return]
+
+
+def nodes(cluster: Cluster, selector: str) -> dict[str, dict[str, Any]]:
+    items = json.loads(cluster.kubectl("get", "nodes", "-l", selector, "-o", "json").stdout)["items"]
+    return {n["metadata"]["name"]: n for n in items}
+
+
+def ready(node: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions") or [])
+
+
+def settled(cluster: Cluster, name: str, replicas: int, timeout: float = 120) -> dict[str, Any]:
+    """Pool ``name`` once ``replicas`` nodes are Ready and its status says so; its object."""
+
+    def done() -> dict[str, Any] | None:
+        got = get_pool(cluster, name)
+        status = got.get("status") or {}
+        ok = status.get("replicas") == replicas and status.get("readyReplicas") == replicas
+        mine = nodes(cluster, f"{POOL_LABEL}={name}")
+        return got if ok and len(mine) == replicas and all(ready(n) for n in mine.values()) else None
+
+    return wait_for(f"pool {name}: {replicas} node(s) Ready", done, timeout)  # type: ignore[no-any-return]
+
+
+def gpu_labels(node: dict[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in node["metadata"]["labels"].items() if k.startswith("nvidia.com/")}
+
+
+def test_a_pool_becomes_nodes_with_the_gfd_labels_of_a_real_node(fleet: Cluster) -> None:
+    real = fleet.node()
+    prof = fleet.profiles[real.name]
+    apply_pool(fleet, "alike", profile=prof.name, gpusPerNode=prof.gpu_count, replicas=3)
+    got = settled(fleet, "alike", 3)
+    status = got["status"]
+    assert status["allocatableGPUs"] == 3 * prof.gpu_count and status["gpusPerNode"] == prof.gpu_count
+    assert status["selector"] == f"{POOL_LABEL}=alike"
+    assert [c["reason"] for c in status["conditions"]] == ["NodesReady"]
+    real_labels = gpu_labels(nodes(fleet, f"kubernetes.io/hostname={real.name}")[real.name])
+    real_labels.pop("nvidia.com/gfd.timestamp", None)
+    for name, node in nodes(fleet, f"{POOL_LABEL}=alike").items():
+        assert gpu_labels(node) == real_labels, name
+        assert node["status"]["allocatable"]["nvidia.com/gpu"] == str(prof.gpu_count)
+        assert node["metadata"]["ownerReferences"][0]["kind"] == "VirtualGPUPool"
+    columns = fleet.kubectl("get", "vgp", "alike", "--no-headers").stdout.split()
+    assert columns[1:6] == [prof.name, str(prof.gpu_count), "3", "3", str(3 * prof.gpu_count)]
+
+
+def test_kubectl_scale_adds_and_removes_nodes(fleet: Cluster) -> None:
+    apply_pool(fleet, "scaled", profile="t4", replicas=2)
+    settled(fleet, "scaled", 2)
+    fleet.kubectl("scale", "vgp/scaled", "--replicas=5")
+    settled(fleet, "scaled", 5)
+    fleet.kubectl("scale", "vgp/scaled", "--replicas=1")
+    settled(fleet, "scaled", 1)
+    assert list(nodes(fleet, f"{POOL_LABEL}=scaled")) == ["virtual-scaled-0"]
+
+
+def test_a_node_deleted_by_hand_comes_back_the_same(fleet: Cluster) -> None:
+    apply_pool(fleet, "kept", profile="gb200", replicas=2)
+    settled(fleet, "kept", 2)
+    before = nodes(fleet, f"{POOL_LABEL}=kept")["virtual-kept-1"]
+    fleet.kubectl("delete", "node", "virtual-kept-1", "--wait=true")
+    settled(fleet, "kept", 2)
+    after = nodes(fleet, f"{POOL_LABEL}=kept")["virtual-kept-1"]
+    assert after["metadata"]["uid"] != before["metadata"]["uid"]
+    assert after["metadata"]["labels"] == before["metadata"]["labels"]
+    assert after["status"]["capacity"] == before["status"]["capacity"]
+
+
+def test_nodes_fill_racks_of_the_pools_size(fleet: Cluster) -> None:
+    apply_pool(fleet, "racks", profile="gb200", rackSize=8, replicas=5)  # 4 GPUs a node: 2 nodes a rack
+    got = settled(fleet, "racks", 5)
+    assert got["status"]["racks"] == 3
+    cliques = [
+        gpu_labels(nodes(fleet, f"kubernetes.io/hostname=virtual-racks-{i}")[f"virtual-racks-{i}"]) for i in range(5)
+    ]
+    ids = [c["nvidia.com/gpu.clique"] for c in cliques]
+    assert ids[0] == ids[1] != ids[2] == ids[3] != ids[4] and ids[0] != ids[4]
+
+
+def test_a_dra_pool_publishes_a_resource_slice_per_node(fleet: Cluster) -> None:
+    apply_pool(fleet, "dra", profile="h100", gpusPerNode=2, allocator="dra", replicas=2)
+    got = settled(fleet, "dra", 2)
+    assert got["status"]["allocatableGPUs"] == 4
+    slices = json.loads(fleet.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
+    mine = {s["spec"]["nodeName"]: s for s in slices if s["spec"]["nodeName"].startswith("virtual-dra-")}
+    assert sorted(mine) == ["virtual-dra-0", "virtual-dra-1"]
+    uuids = [d["attributes"]["uuid"]["string"] for s in mine.values() for d in s["spec"]["devices"]]
+    assert len(uuids) == 4 == len(set(uuids))
+    for name, node in nodes(fleet, f"{POOL_LABEL}=dra").items():
+        assert "nvidia.com/gpu" not in node["status"]["capacity"], name
+        assert mine[name]["metadata"]["ownerReferences"][0]["name"] == name
+
+
+def test_a_profile_of_ones_own_from_a_config_map(fleet: Cluster) -> None:
+    text = profile.load("l40s").model_dump_json()
+    fleet.kubectl("create", "configmap", "my-board", "-n", "default", f"--from-literal=board.yaml={text}")
+    try:
+        ref = {"name": "my-board", "namespace": "default", "key": "board.yaml"}
+        apply_pool(fleet, "mine", profileConfigMap=ref, gpusPerNode=2, replicas=1)
+        node = next(iter(nodes(fleet, f"{POOL_LABEL}=mine").values())) if settled(fleet, "mine", 1) else {}
+        assert node["metadata"]["labels"]["nvidia.com/gpu.count"] == "2"
+        assert node["metadata"]["labels"]["nvidia.com/gpu.product"].startswith("NVIDIA-L40S")
+    finally:
+        fleet.kubectl("delete", "configmap", "my-board", "-n", "default", check=False)
+
+
+@pytest.mark.parametrize(
+    ("ref", "reason", "says"),
+    [
+        (
+            {"name": "nowhere", "namespace": "default"},
+            "ProfileNotFound",
+            "ConfigMap default/nowhere key profile.yaml: ",
+        ),
+        (
+            {"name": "bad-board", "namespace": "default"},
+            "InvalidProfile",
+            "ConfigMap default/bad-board key profile.yaml",
+        ),
+    ],
+)
+def test_a_pool_that_cannot_be_made_says_why_in_its_condition(
+    fleet: Cluster, ref: dict[str, str], reason: str, says: str
+) -> None:
+    fleet.kubectl("create", "configmap", "bad-board", "-n", "default", "--from-literal=profile.yaml=gpu_count: zero")
+    try:
+        apply_pool(fleet, "broken", profileConfigMap=ref)
+
+        def told() -> dict[str, Any] | None:
+            conditions = (get_pool(fleet, "broken").get("status") or {}).get("conditions") or []
+            return conditions[0] if conditions and conditions[0]["reason"] == reason else None
+
+        condition = wait_for(f"the pool's condition {reason}", told, 60)
+        assert condition["status"] == "False" and condition["message"].startswith(says), condition
+        assert "\n" not in condition["message"]
+        assert not nodes(fleet, f"{POOL_LABEL}=broken")
+    finally:
+        fleet.kubectl("delete", "vgp", "broken", "--wait=true", check=False)
+        fleet.kubectl("delete", "configmap", "bad-board", "-n", "default", check=False)
+
+
+def test_deleting_a_pool_deletes_its_nodes(fleet: Cluster) -> None:
+    apply_pool(fleet, "gone", profile="t4", replicas=3)
+    settled(fleet, "gone", 3)
+    fleet.kubectl("delete", "vgp", "gone", "--wait=true")
+    wait_for("the pool's nodes deleted by the garbage collector", lambda: not nodes(fleet, f"{POOL_LABEL}=gone"), 120)
+
+
+def test_a_new_controller_pod_makes_byte_identical_nodes(fleet: Cluster) -> None:
+    apply_pool(fleet, "again", profile="gb300", allocator="dra", replicas=3)
+    settled(fleet, "again", 3)
+
+    def facts() -> list[Any]:
+        mine = nodes(fleet, f"{POOL_LABEL}=again")
+        slices = json.loads(fleet.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
+        devices = sorted(
+            (s["spec"]["nodeName"], json.dumps(s["spec"]["devices"], sort_keys=True))
+            for s in slices
+            if s["spec"]["nodeName"] in mine
+        )
+        return [sorted((n, json.dumps(x["metadata"]["labels"], sort_keys=True)) for n, x in mine.items()), devices]
+
+    before = facts()
+    old = running(fleet, 1)[0]
+    fleet.kubectl("delete", "pod", "-n", NS, old, "--wait=true")  # a fresh one: no template computed yet
+    fleet.kubectl("delete", "nodes", "-l", f"{POOL_LABEL}=again", "--wait=true")
+    new = running(fleet, 1)[0]
+    assert new != old
+    settled(fleet, "again", 3, timeout=180)
+    wait_for("every node's ResourceSlice back", lambda: len(facts()[1]) == 3, 60)
+    assert facts() == before
+    assert "pool again: template of gb300 computed" in logs(fleet, new)
+
+
+def test_of_two_replicas_one_leads_and_the_other_takes_over(fleet: Cluster) -> None:
+    fleet.kubectl("scale", "deployment", CONTROLLER, "-n", NS, "--replicas=2")
+    try:
+        pods = running(fleet, 2)
+        leader = wait_for("a leader among the two", lambda: holder(fleet) if holder(fleet) in pods else None, 60)
+        (other,) = [p for p in pods if p != leader]
+        wait_for("the other one waiting for the Lease", lambda: "waiting for the Lease" in logs(fleet, other), 60)
+        assert " leads " not in logs(fleet, other) and holder(fleet) == leader
+        fleet.kubectl("delete", "pod", "-n", NS, leader, "--wait=false")
+        wait_for("the other one leading", lambda: " leads " in logs(fleet, other), 90)
+        assert holder(fleet) == other
+    finally:
+        fleet.kubectl("scale", "deployment", CONTROLLER, "-n", NS, "--replicas=1")
+        running(fleet, 1)

@@ -1,0 +1,408 @@
+"""The fleet controller: every VirtualGPUPool (``mokka.io/v1alpha1``) made into virtual GPU nodes,
+and kept so.
+
+For each pool: its template (:mod:`.template`, once per profile, GPU count and MIG strategy); nodes
+``virtual-<pool>-0`` to ``-<replicas-1>`` (:func:`.pool.node_body`: the template's labels, the
+pool's own labels under them, its taints, the GPUs as capacity and allocatable, or with the DRA
+allocator a ResourceSlice the node owns) made where missing — a node deleted by hand comes back —,
+brought in step where the pool changed, and deleted beyond ``replicas``; then the pool's status
+(nodes, Ready nodes, allocatable GPUs, racks, the scale subresource's selector, a ``Ready``
+condition). Every node is owned by its pool: deleting the pool lets Kubernetes' garbage collector
+delete them. KWOK keeps the nodes Ready.
+
+Watches of the pools and of the virtual nodes put pool names on a queue; one worker reconciles
+them, and every pool again each :data:`RESYNC` seconds. Node identities (GPU UUIDs, racks) derive
+from the node's name and index, so a restarted controller makes byte-identical nodes.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpumodel import fleet
+from gpumodel import profile as profiles
+
+from . import pool as pools
+from . import template
+
+__all__ = ["GROUP", "PLURAL", "RESYNC", "VERSION", "Controller", "Settings"]
+
+GROUP, VERSION, PLURAL = "mokka.io", "v1alpha1", "virtualgpupools"
+RESYNC = 60.0  # seconds between two reconciles of every pool
+DIGEST_ANNOTATION = "mokka.io/pool-digest"  # what the node was made from: a changed pool changes it
+DRA_DRIVER = "gpu.nvidia.com"
+
+log = logging.getLogger("mokka.fleet")
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Settings:
+    gfd: Path  # NVIDIA's gpu-feature-discovery binary
+    workdir: Path  # where templates are staged (emptied after each)
+    nfd_labels: bool = True  # nodes carry the PCI labels NFD gives a real node of the profile
+    workers: int = 8  # concurrent API writes
+
+
+class PoolError(Exception):
+    """The pool cannot be made as asked; the message is its Ready condition's (one line)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class Controller:
+    api: Any  # a kubernetes.client.ApiClient
+    settings: Settings
+    _templates: dict[str, template.Template] = field(default_factory=dict)
+    _queue: queue.Queue[str | None] = field(default_factory=queue.Queue)
+
+    # ------------------------------------------------------------------ the API
+
+    def _core(self) -> Any:
+        from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
+
+        return client.CoreV1Api(self.api)
+
+    def _custom(self) -> Any:
+        from kubernetes import client
+
+        return client.CustomObjectsApi(self.api)
+
+    def _resource(self) -> Any:
+        from kubernetes import client
+
+        return client.ResourceV1Api(self.api)
+
+    def list_pools(self) -> list[Json]:
+        raw = self._custom().list_cluster_custom_object(GROUP, VERSION, PLURAL, _preload_content=False)
+        return list(json.loads(raw.data).get("items") or [])
+
+    def _nodes(self, name: str) -> dict[str, Json]:
+        selector = f"{pools.POOL_LABEL}={name}"
+        raw = self._core().list_node(label_selector=selector, _preload_content=False)
+        return {n["metadata"]["name"]: n for n in json.loads(raw.data).get("items") or []}
+
+    # ------------------------------------------------------------------ one pool
+
+    def profile_of(self, spec: Json) -> profiles.Profile:
+        """The pool's profile with its GPUs per node; PoolError names what is wrong."""
+        if "profile" in spec:
+            try:
+                prof = profiles.load(spec["profile"])
+            except profiles.ProfileError as exc:
+                raise PoolError("UnknownProfile", str(exc)) from None
+        else:
+            ref = spec.get("profileConfigMap") or {}
+            ns, cm_name, key = ref.get("namespace", ""), ref.get("name", ""), ref.get("key", "profile.yaml")
+            where = f"ConfigMap {ns}/{cm_name} key {key}"
+            from kubernetes.client.rest import ApiException  # type: ignore[import-untyped, unused-ignore]
+
+            try:
+                cm = self._core().read_namespaced_config_map(cm_name, ns)
+            except ApiException as exc:
+                raise PoolError("ProfileNotFound", f"{where}: {exc.reason}") from None
+            text = (cm.data or {}).get(key)
+            if text is None:
+                raise PoolError("ProfileNotFound", f"{where}: no such key")
+            try:
+                prof = profiles.load_text(text, where)
+            except profiles.ProfileError as exc:
+                raise PoolError("InvalidProfile", str(exc).splitlines()[0]) from None
+        try:
+            return prof.with_count(spec.get("gpusPerNode"))
+        except profiles.ProfileError as exc:
+            raise PoolError("InvalidProfile", str(exc).splitlines()[0]) from None
+
+    def template_of(self, name: str, prof: profiles.Profile, mig_strategy: str) -> template.Template:
+        key = hashlib.sha256(f"{prof.model_dump_json()}|{mig_strategy}|{self.settings.nfd_labels}".encode()).hexdigest()
+        if key not in self._templates:
+            t0 = time.monotonic()
+            try:
+                self._templates[key] = template.compute(
+                    prof, name, self.settings.gfd, self.settings.workdir / name, mig_strategy, self.settings.nfd_labels
+                )
+            except template.TemplateError as exc:
+                raise PoolError("TemplateFailed", str(exc)) from None
+            log.info("pool %s: template of %s computed in %.1f s", name, prof.name, time.monotonic() - t0)
+        return self._templates[key]
+
+    def desired(self, obj: Json) -> pools.Pool:
+        """The pool ``obj`` as nodes are made from it."""
+        name, spec = obj["metadata"]["name"], obj.get("spec") or {}
+        prof = self.profile_of(spec)
+        made = self.template_of(name, prof, spec.get("migStrategy", "none"))
+        rack = spec.get("rackSize")
+        return pools.Pool(
+            name=name,
+            spec=json.dumps(spec, sort_keys=True),
+            profile=prof.name,
+            product=prof.gpu.name,
+            gpus=prof.gpu_count,
+            count=int(spec.get("replicas", 1)),
+            labels={**(spec.get("labels") or {}), **made.labels},
+            per_gpu=made.per_gpu,
+            devices=made.devices,
+            racked=made.racked or rack is not None,
+            rack_gpus=int(rack) if rack else fleet.NVL_DOMAIN_GPUS,
+            taints=[{k: t[k] for k in ("key", "value", "effect") if k in t} for t in spec.get("taints") or []],
+            dra=spec.get("allocator", "device-plugin") == "dra",
+            owner={
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "VirtualGPUPool",
+                "name": name,
+                "uid": obj["metadata"]["uid"],
+            },
+        )
+
+    def reconcile(self, name: str) -> None:
+        """Pool ``name``'s nodes and status as its spec says (a pool gone: nothing; the garbage
+        collector deletes its nodes)."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            raw = self._custom().get_cluster_custom_object(GROUP, VERSION, PLURAL, name, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        obj = json.loads(raw.data)
+        allocator = (obj.get("spec") or {}).get("allocator", "device-plugin")
+        try:
+            pool = self.desired(obj)
+        except PoolError as exc:
+            log.warning("pool %s: %s", name, exc)
+            self._write_status(obj, self._nodes(name), None, allocator, (exc.reason, str(exc)))
+            return
+        existing = self._nodes(name)
+        digest = _digest(pool)
+        wanted = set(pool.nodes)
+        make = [i for i, n in enumerate(pool.nodes) if n not in existing]
+        renew = [
+            i
+            for i, n in enumerate(pool.nodes)
+            if n in existing and existing[n]["metadata"].get("annotations", {}).get(DIGEST_ANNOTATION) != digest
+        ]
+        surplus = [n for n in existing if n not in wanted]
+        if make or renew or surplus:
+            log.info("pool %s: nodes to make %d, to renew %d, to delete %d", name, len(make), len(renew), len(surplus))
+        dra, workers = allocator == "dra", self.settings.workers
+        pools.parallel(lambda i: self._make(pool, i, digest, dra), make, workers)
+        pools.parallel(lambda i: self._renew(pool, i, digest, existing[pool.nodes[i]], dra), renew, workers)
+        pools.parallel(self._delete, surplus, workers)
+        if make or renew or surplus:
+            existing = self._nodes(name)
+        self._write_status(obj, existing, pool, allocator, None)
+
+    def _body(self, pool: pools.Pool, i: int, digest: str) -> Json:
+        body = pools.node_body(pool, i)
+        body["metadata"]["annotations"][DIGEST_ANNOTATION] = digest
+        return body
+
+    def _make(self, pool: pools.Pool, i: int, digest: str, dra: bool) -> None:
+        from kubernetes.client.rest import ApiException
+
+        body = self._body(pool, i, digest)
+        try:
+            made = json.loads(self._core().create_node(body, _preload_content=False).data)
+        except ApiException as exc:
+            if exc.status != 409:  # made meanwhile (the watch's event came first): the next pass checks it
+                raise
+            return
+        if dra:
+            self._slice(pool, i, made["metadata"]["uid"])
+
+    def _renew(self, pool: pools.Pool, i: int, digest: str, node: Json, dra: bool) -> None:
+        body = self._body(pool, i, digest)
+        labels: dict[str, str | None] = {k: None for k in node["metadata"].get("labels", {})}
+        labels.update(body["metadata"]["labels"])
+        patch = {
+            "metadata": {
+                "labels": labels,
+                "annotations": body["metadata"]["annotations"],
+                "ownerReferences": body["metadata"].get("ownerReferences"),
+            },
+            "spec": {"taints": body["spec"].get("taints")},
+        }
+        core = self._core()
+        core.patch_node(body["metadata"]["name"], patch, _preload_content=False)
+        core.patch_node_status(body["metadata"]["name"], {"status": body["status"]}, _preload_content=False)
+        if dra:
+            self._slice(pool, i, node["metadata"]["uid"])
+
+    def _slice(self, pool: pools.Pool, i: int, owner_uid: str) -> None:
+        """Node ``i``'s ResourceSlice (made, or replaced where it is)."""
+        from kubernetes.client.rest import ApiException
+
+        from k8snode.dra import resources
+
+        node = pool.nodes[i]
+        api = self._resource()
+        selector = f"spec.nodeName={node},spec.driver={DRA_DRIVER}"
+        found = json.loads(api.list_resource_slice(field_selector=selector, _preload_content=False).data)["items"]
+        if not found:
+            body = resources.slice_of(pool.slice_devices(node), node, owner_uid=owner_uid)
+            try:
+                api.create_resource_slice(body, _preload_content=False)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            return
+        for item in found:
+            generation = int(item["spec"]["pool"].get("generation", 1)) + 1
+            body = resources.slice_of(pool.slice_devices(node), node, generation=generation, owner_uid=owner_uid)
+            body["metadata"] = item["metadata"]
+            api.replace_resource_slice(item["metadata"]["name"], body, _preload_content=False)
+
+    def _delete(self, node: str) -> None:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self._core().delete_node(node, _preload_content=False)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def _write_status(
+        self, obj: Json, nodes: dict[str, Json], pool: pools.Pool | None, allocator: str, error: tuple[str, str] | None
+    ) -> None:
+        from kubernetes.client.rest import ApiException
+
+        name = obj["metadata"]["name"]
+        want = int((obj.get("spec") or {}).get("replicas", 1))
+        ready = [n for n in nodes.values() if _ready(n)]
+        gpus = 0
+        for n in ready:
+            if allocator == "dra" and pool is not None:
+                gpus += len(pool.healthy(n["metadata"]["name"]))
+            else:
+                gpus += int(n.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu", 0))
+        racks = {pool.rack(i) for i, n in enumerate(pool.nodes) if n in nodes} - {None} if pool else set()
+        if error is not None:
+            condition = {"type": "Ready", "status": "False", "reason": error[0], "message": error[1]}
+        elif len(ready) == want and len(nodes) == want:
+            condition = {"type": "Ready", "status": "True", "reason": "NodesReady", "message": f"{want} node(s) Ready"}
+        else:
+            condition = {
+                "type": "Ready",
+                "status": "False",
+                "reason": "NodesNotReady",
+                "message": f"{len(ready)} of {want} node(s) Ready",
+            }
+        generation = obj["metadata"].get("generation")
+        condition["observedGeneration"] = generation
+        old = {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}.get("Ready")
+        same = old is not None and old.get("status") == condition["status"]
+        condition["lastTransitionTime"] = (
+            old["lastTransitionTime"] if same and old else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        )
+        status = {
+            "observedGeneration": generation,
+            "replicas": len(nodes),
+            "readyReplicas": len(ready),
+            "gpusPerNode": pool.gpus if pool else (obj.get("status") or {}).get("gpusPerNode"),
+            "allocatableGPUs": gpus,
+            "racks": len(racks),
+            "selector": f"{pools.POOL_LABEL}={name}",
+            "conditions": [condition],
+        }
+        status = {k: v for k, v in status.items() if v is not None}
+        if status == obj.get("status"):
+            return
+        try:
+            self._custom().patch_cluster_custom_object_status(
+                GROUP, VERSION, PLURAL, name, {"status": status}, _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # ------------------------------------------------------------------ the loop
+
+    def enqueue(self, name: str) -> None:
+        self._queue.put(name)
+
+    def _watch(self, stream: Callable[..., Iterator[Json]], to_pool: Callable[[Json], str | None], what: str) -> None:
+        from kubernetes import watch  # type: ignore[import-untyped, unused-ignore]
+
+        while True:
+            try:
+                for event in watch.Watch().stream(stream, timeout_seconds=300, deserialize=False):
+                    name = to_pool(event["object"])
+                    if name:
+                        self.enqueue(name)
+            except Exception as exc:  # the API server restarting, a dropped connection: watch again
+                log.warning("watch of %s ended: %s", what, exc)
+                time.sleep(2)
+
+    def run(self, stop: threading.Event) -> None:
+        """Reconcile until ``stop`` is set: on every change of a pool or a virtual node, and every
+        pool each :data:`RESYNC` seconds."""
+
+        def pool_name(obj: Json) -> str | None:
+            return str(obj.get("metadata", {}).get("name") or "") or None
+
+        def node_pool(obj: Json) -> str | None:
+            return str(obj.get("metadata", {}).get("labels", {}).get(pools.POOL_LABEL) or "") or None
+
+        custom, core = self._custom(), self._core()
+
+        def pool_stream(**kw: Any) -> Any:
+            return custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw)
+
+        def node_stream(**kw: Any) -> Any:
+            return core.list_node(label_selector=f"{pools.VIRTUAL_LABEL}=true", **kw)
+
+        for target, to_pool, what in ((pool_stream, pool_name, "pools"), (node_stream, node_pool, "virtual nodes")):
+            threading.Thread(target=self._watch, args=(target, to_pool, what), daemon=True, name=what).start()
+        last_resync = 0.0
+        while not stop.is_set():
+            if time.monotonic() - last_resync >= RESYNC:
+                last_resync = time.monotonic()
+                for obj in self._safe(self.list_pools) or []:
+                    self.enqueue(obj["metadata"]["name"])
+            try:
+                first = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            names = {first}
+            while True:  # every name queued meanwhile, once
+                try:
+                    names.add(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            for name in sorted(n for n in names if n):
+                self._safe(functools.partial(self.reconcile, name))
+
+    @staticmethod
+    def _safe(fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # one pool's failure (an API error) never stops the others
+            log.error("%s", exc)
+            return None
+
+
+def _ready(node: Json) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in node.get("status", {}).get("conditions") or []
+    )
+
+
+def _digest(pool: pools.Pool) -> str:
+    """What every node of ``pool`` is made from (not its node count)."""
+    facts = [pool.labels, pool.per_gpu, pool.devices, pool.racked, pool.rack_gpus, pool.taints, pool.owner, pool.dra]
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
