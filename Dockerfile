@@ -4,7 +4,7 @@
 #   docker build -t mokka:dev .                           # with Debian's nvidia-smi 550 (non-free)
 #   docker build -t mokka:dev --build-arg NVIDIA_SMI= .   # without nvidia-smi
 #   docker build -t mokka:dev --build-arg NVIDIA_SMI=535 .
-#   docker build -t mokka:dev --build-arg GFD= .          # without NVIDIA's GFD (no fleet controller)
+#   docker build -t mokka:dev --build-arg FLEET= .        # without NVIDIA's GFD and KWOK (no fleet)
 #
 # The image runs as an unprivileged user by default; the Helm chart runs host setup (mknod,
 # the node's driver root) and the NRI plugin (the node's root-owned NRI socket) as root.
@@ -48,11 +48,12 @@ RUN mkdir -p /out/usr/local/lib/mokka \
         && install -m 0755 "${smi}" /out/usr/local/lib/mokka/nvidia-smi; \
     fi
 
-# NVIDIA's GPU Feature Discovery, which the fleet controller (`mokka fleet-controller`) runs once per
-# pool: built from the Go module proxy with Debian's golang, as fetch/ builds it for the local
-# cluster. A stage of its own, so its layer is reused until fetch/ changes; empty GFD builds an
-# image without it.
-FROM ${DEBIAN_IMAGE} AS gfd
+# The fleet's Go programs, built from the Go module proxy with Debian's golang as fetch/ builds
+# them for the local cluster: NVIDIA's GPU Feature Discovery (the fleet controller runs it once per
+# pool) and KWOK with its module's stages (the chart's KWOK keeps virtual nodes Ready). A stage of
+# its own, so its layer is reused until fetch/ changes; empty FLEET builds an image without them.
+# Behind a TLS-intercepting proxy Go trusts the CA bundle pip is configured with (pip.conf's cert).
+FROM ${DEBIAN_IMAGE} AS fleet
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -61,11 +62,15 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY fetch/ fetch/
-ARG GFD=yes
-RUN mkdir -p /out/usr/local/bin \
-    && if [ -n "${GFD}" ]; then \
-        built="$(python3 -c "from fetch.kube import binaries, gobuild; print(gobuild.build(binaries.DEVICE_PLUGIN))")" \
-        && install -m 0755 "${built}/gpu-feature-discovery" /out/usr/local/bin/ \
+ARG FLEET=yes
+RUN mkdir -p /out/usr/local/bin /out/usr/local/share/mokka/kwok \
+    && if [ -n "${FLEET}" ]; then \
+        cert="$(python3 -c 'import configparser, os; c = configparser.ConfigParser(); c.read(os.path.expanduser("~/.config/pip/pip.conf")); print(c.get("global", "cert", fallback=""))')" \
+        && if [ -n "${cert}" ]; then export SSL_CERT_FILE="${cert}"; fi \
+        && gfd="$(python3 -c "from fetch.kube import binaries, gobuild; print(gobuild.build(binaries.DEVICE_PLUGIN))")" \
+        && kwok="$(python3 -c "from fetch.kube import binaries, gobuild; print(gobuild.build(binaries.KWOK))")" \
+        && install -m 0755 "${gfd}/gpu-feature-discovery" "${kwok}/kwok" /out/usr/local/bin/ \
+        && install -m 0644 "${kwok}"/*.yaml /out/usr/local/share/mokka/kwok/ \
         && rm -rf /root/.cache; \
     fi
 
@@ -79,7 +84,7 @@ RUN apt-get update \
         --shell /usr/sbin/nologin mokka
 COPY --from=build /opt/mokka/venv /opt/mokka/venv
 COPY --from=build /out/ /
-COPY --from=gfd /out/ /
+COPY --from=fleet /out/ /
 # run:ai fake-gpu-operator's mock backend runs this image as its nvml-mock DaemonSet: /scripts/entrypoint.sh
 # stages the node with `mokka host setup`, /scripts/cleanup.sh undoes it (localcluster/nodeimage.py copies
 # the same directory). That DaemonSet sets no user: build its image with --build-arg MOKKA_USER=0:0.

@@ -3,7 +3,7 @@ archive for ``ctr images import``: Debian's Python 3 of this machine (interprete
 the shared libraries both need), Mokka's packages from this checkout with their native libraries,
 the runtime dependencies' installed files (the closure of Mokka's requirements, read from the
 installed distributions' metadata), busybox for ``/bin/sh``, nvidia-smi at the path the chart
-expects, NVIDIA's GFD where the fleet controller finds it, and the repository's ``nvmlmock/`` at
+expects, NVIDIA's GFD and KWOK where the chart's fleet finds them, and the repository's ``nvmlmock/`` at
 ``/scripts`` (run:ai fake-gpu-operator's mock backend runs the image as its nvml-mock DaemonSet)."""
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ PACKAGES = (
 STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "pydoc_data", "__pycache__", "config-3.11"}
 SMI_PATH = Path("usr/local/lib/mokka/nvidia-smi")
 GFD_PATH = Path("usr/local/bin/gpu-feature-discovery")  # the fleet controller's (`mokka fleet-controller`)
+KWOK_PATH = Path("usr/local/bin/kwok")  # the chart's KWOK for the fleet's nodes
+KWOK_STAGES = Path("usr/local/share/mokka/kwok")  # KWOK's stages from its module, as the Dockerfile puts them
 SCRIPTS = Path("scripts")  # the repository's nvmlmock/, as the Dockerfile copies it
 ENV = (
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -74,9 +76,12 @@ def _copy_tree(src: Path, dst: Path, skipped: set[str]) -> None:
     shutil.copytree(src, dst, ignore=lambda _d, names: [n for n in names if n in skipped or n.endswith(".pyc")])
 
 
-def build(out: Path, nvidia_smi: Path | None, cache: Path | None = None, gfd: Path | None = None) -> Path:
+def build(
+    out: Path, nvidia_smi: Path | None, cache: Path | None = None, gfd: Path | None = None, kwok: Path | None = None
+) -> Path:
     """The node image's OCI archive under ``out``; with ``gfd``, NVIDIA's gpu-feature-discovery on its
-    PATH (the fleet controller runs it for every pool's template)."""
+    PATH (the fleet controller runs it for every pool's template); with ``kwok`` (KWOK's build
+    directory: the binary and its module's stages) KWOK as the chart's fleet runs it."""
     if not PYTHON.exists() or not STDLIB.is_dir():
         raise ImageError(f"Debian's {PYTHON.name} is not installed (apt-get install python3)")
     rootfs = out / "node-rootfs"
@@ -119,6 +124,11 @@ def build(out: Path, nvidia_smi: Path | None, cache: Path | None = None, gfd: Pa
         shutil.copy2(nvidia_smi, rootfs / SMI_PATH)
     if gfd is not None:
         shutil.copy2(gfd, rootfs / GFD_PATH)
+    if kwok is not None:
+        shutil.copy2(kwok / "kwok", rootfs / KWOK_PATH)
+        (rootfs / KWOK_STAGES).mkdir(parents=True)
+        for stage in sorted(kwok.glob("*.yaml")):
+            shutil.copy2(stage, rootfs / KWOK_STAGES / stage.name)
     extensions = [p for p in rootfs.rglob("*.so*") if p.is_file() and not p.is_symlink()]
     programs = [PYTHON, *extensions] + [p for p in (nvidia_smi, gfd) if p is not None]
     oci.make_rootfs(rootfs, programs=programs, cache=cache)

@@ -221,7 +221,7 @@ def run_pod(core: Any, manifest: dict[str, Any], namespace: str = "default", tim
 def install_chart(
     cluster: Cluster, namespace: str, values: dict[str, Any], tmp: Path, only: tuple[str, ...] = ()
 ) -> str:
-    """Mokka's node image (built without Docker; with NVIDIA's GFD where ``fleet.enabled``) imported
+    """Mokka's node image (built without Docker; with NVIDIA's GFD and KWOK where ``fleet.enabled``) imported
     into every node, and the Helm chart rendered for this cluster's Kubernetes version with
     ``values`` (the image filled in) — only the templates ``only`` names, where it names some —
     and applied server-side with strict validation into ``namespace``; the rendered manifests."""
@@ -234,12 +234,12 @@ def install_chart(
     from fetch import nvidia_smi, prepare, versions
     from localcluster import nodeimage
 
-    gfd = None
+    gfd = kwok = None
     if values.get("fleet", {}).get("enabled"):
         bins = binaries.cached()
         assert bins is not None
-        gfd = bins["gpu-feature-discovery"]
-    cluster.import_image(nodeimage.build(tmp / "node-image", nvidia_smi.fetch("550"), gfd=gfd))
+        gfd, kwok = bins["gpu-feature-discovery"], bins.kwok
+    cluster.import_image(nodeimage.build(tmp / "node-image", nvidia_smi.fetch("550"), gfd=gfd, kwok=kwok))
     repository, tag = nodeimage.NODE_IMAGE.rsplit(":", 1)
     values = {**values, "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"}}
     values_file = tmp / "values.yaml"

@@ -540,6 +540,27 @@ def test_fleet_api_off_by_default(render: Callable[..., Docs]) -> None:
     assert [d for d in render({}) if d["kind"] in ("CustomResourceDefinition", "Deployment")] == []
 
 
+def test_fleet_kwok_is_the_local_clusters(render: Callable[..., Docs]) -> None:
+    """The chart's KWOK runs as the local cluster's does (its workers, pod CIDR, node selection and
+    the module's stages, where the Dockerfile and the node image put them)."""
+    from fetch.kube import binaries
+    from localcluster import nodeimage
+    from localcluster.addons import kwok
+
+    docs = render({"fleet": {"enabled": True}})
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-kwok")]
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-kwok")]
+    assert yaml.safe_load(config["data"]["kwok.yaml"]) == kwok.configuration()
+    command = deploy["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[0] == nodeimage.KWOK_PATH.name
+    stages = [c.removeprefix("--config=") for c in command if c.startswith(f"--config=/{nodeimage.KWOK_STAGES}/")]
+    assert stages == [f"/{nodeimage.KWOK_STAGES}/{Path(s).name}" for s in binaries.KWOK_STAGES]
+    assert f"--cidr={kwok.POD_CIDR}" in command
+    assert "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake" in command
+    no_kwok = render({"fleet": {"enabled": True, "kwok": {"enabled": False}}})
+    assert [d for d in no_kwok if d["metadata"]["name"].endswith("-kwok")] == []
+
+
 def test_fleet_controller_runs_gfd_from_the_image_keeps_off_virtual_nodes_and_apart_from_the_daemonset(
     render: Callable[..., Docs],
 ) -> None:
@@ -547,7 +568,7 @@ def test_fleet_controller_runs_gfd_from_the_image_keeps_off_virtual_nodes_and_ap
     from localcluster import nodeimage
 
     docs = render({"fleet": {"enabled": True, "controller": {"replicas": 2, "nfdLabels": False}}})
-    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-fleet")]
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
     assert deploy["spec"]["replicas"] == 2
     pod = deploy["spec"]["template"]
@@ -560,7 +581,7 @@ def test_fleet_controller_runs_gfd_from_the_image_keeps_off_virtual_nodes_and_ap
     terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     off_kwok = [{"key": "type", "operator": "NotIn", "values": ["kwok"]}]
     assert terms["nodeSelectorTerms"][0]["matchExpressions"] == off_kwok
-    fleet = [d for d in docs if "fleet" in d["metadata"]["name"] or d["kind"] == "CustomResourceDefinition"]
+    fleet = [d for d in docs if d["metadata"]["name"].endswith("-fleet") or d["kind"] == "CustomResourceDefinition"]
     kinds = sorted(d["kind"] for d in fleet)
     assert kinds == [
         "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Role", "RoleBinding",

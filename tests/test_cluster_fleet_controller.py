@@ -1,6 +1,6 @@
-"""The chart's fleet controller (``fleet.enabled=true``: the VirtualGPUPool definition and the
-controller's Deployment, from Mokka's image built here with NVIDIA's GFD) on a real API server (the
-session cluster), KWOK keeping the nodes Ready: a pool becomes nodes carrying exactly the GFD labels
+"""The chart's fleet (``fleet.enabled=true``: the VirtualGPUPool definition, the controller's
+Deployment and KWOK's, from Mokka's image built here with NVIDIA's GFD and KWOK) on a real API server
+(the session cluster), the chart's KWOK keeping the nodes Ready: a pool becomes nodes carrying exactly the GFD labels
 of the cluster's real node of the same profile; ``kubectl scale`` adds and removes nodes; a node
 deleted by hand comes back identical; racks, DRA pools, a profile from a ConfigMap; a bad pool is
 told in its Ready condition; deleting a pool deletes its nodes; a new controller pod makes
@@ -9,16 +9,13 @@ byte-identical nodes; of two replicas one holds the Lease, and the other takes o
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from cluster_fixtures import install_chart, wait_for
 
-from fetch.kube import binaries
 from gpumodel import profile
-from localcluster.addons import kwok
 from localcluster.cluster import Cluster
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -57,15 +54,10 @@ def logs(cluster: Cluster, pod: str) -> str:
 
 @pytest.fixture(scope="module")
 def fleet(kube_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The chart's CRD and controller, and KWOK for the nodes annotated kwok.x-k8s.io/node=fake."""
+    """The chart's fleet: the CRD, the controller and KWOK, from Mokka's image built here."""
     tmp = tmp_path_factory.mktemp("fleet-controller")
-    bins = binaries.cached()
-    assert bins is not None
-    only = ("fleet-crd.yaml", "fleet-controller.yaml")
+    only = ("fleet-crd.yaml", "fleet-controller.yaml", "fleet-kwok.yaml")
     rendered = install_chart(kube_cluster, NS, VALUES, tmp, only=only)
-    kwok.write_configuration(kube_cluster.layout)
-    argv = kwok.argv(bins.kwok, kube_cluster.layout, binaries.KWOK_STAGES)
-    kw = subprocess.Popen(argv, stdout=(tmp / "kwok.log").open("w"), stderr=subprocess.STDOUT)
     try:
         leader = wait_for("the controller holding its Lease", lambda: holder(kube_cluster), 180)
         assert leader in running(kube_cluster, 1)
@@ -76,8 +68,6 @@ def fleet(kube_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
         wait_for("every virtual node gone", lambda: not nodes(kube_cluster, "mokka.io/virtual=true"), 120)
         kube_cluster.kubectl("delete", "-f", "-", "--wait=true", "--ignore-not-found", input=rendered, check=False)
         kube_cluster.kubectl("delete", "namespace", NS, "--wait=true", check=False)
-        kw.terminate()
-        kw.wait(timeout=30)
 
 
 def apply_pool(cluster: Cluster, name: str, **spec: Any) -> None:

@@ -23,7 +23,7 @@ import pytest
 
 from containers import cleanup, sandbox
 from fetch import debcache
-from fetch.kube import versions
+from fetch.kube import binaries, versions
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -70,6 +70,8 @@ echo "version=$(mokka --version)"
 echo "uid=$(id -u):$(id -g)"
 echo "smi=$(test -x /usr/local/lib/mokka/nvidia-smi && stat -c '%a:%U' /usr/local/lib/mokka/nvidia-smi)"
 echo "gfd=$(gpu-feature-discovery --version 2>&1 | head -n 1)"
+echo "kwok=$(kwok --version 2>&1 | head -n 1)"
+echo "stages=$(ls /usr/local/share/mokka/kwok | tr '\n' ' ')"
 echo "pages=$(find /usr/share/man /usr/share/info -type f | wc -l)"
 echo "apt_doc=$(ls /usr/share/doc/apt | tr '\n' ' ')"
 echo "uris=$(sed -n 's/^URIs: //p' /etc/apt/sources.list.d/debian.sources | tr '\n' ' ')"
@@ -120,9 +122,12 @@ def test_nvidia_smi_where_the_chart_expects_it(probe: dict[str, str]) -> None:
     assert probe["smi"] == "755:root", probe
 
 
-def test_gfd_where_the_fleet_controller_expects_it(probe: dict[str, str]) -> None:
-    """The chart's fleet.controller.gfd: NVIDIA's GFD, built in its own stage from the module proxy."""
+def test_the_fleets_programs_where_the_chart_expects_them(probe: dict[str, str]) -> None:
+    """NVIDIA's GFD (fleet.controller.gfd) and KWOK with its module's stages (fleet.kwok), built in a
+    stage of their own from the module proxy."""
     assert probe["gfd"] == f"GPU Feature Discovery version {versions.DEVICE_PLUGIN}", probe
+    assert versions.KWOK in probe["kwok"], probe
+    assert probe["stages"].split() == sorted(Path(s).name for s in binaries.KWOK_STAGES), probe
 
 
 def test_runs_as_uid_10001(probe: dict[str, str]) -> None:

@@ -107,3 +107,9 @@ helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 app.kubernetes.io/name: {{ include "mokka.name" . }}-fleet-controller
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
+
+{{/* The fleet's KWOK pod. */}}
+{{- define "mokka.kwokSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "mokka.name" . }}-kwok
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
