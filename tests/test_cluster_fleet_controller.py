@@ -24,7 +24,8 @@ NS = "mokka-fleet"
 POOL_LABEL = "mokka.io/virtual-pool"
 CONTROLLER = "node-mokka-fleet"  # the Deployment (release "node", as install_chart names it)
 LEASE = "mokka-fleet-controller"
-VALUES = {"fleet": {"enabled": True}}
+VALUES = {"fleet": {"enabled": True}, "faults": {"enabled": True}}
+FAULTS = "node-mokka-faults"  # the chart's fault ConfigMap
 
 
 def controller_pods(cluster: Cluster) -> list[dict[str, Any]]:
@@ -56,7 +57,7 @@ def logs(cluster: Cluster, pod: str) -> str:
 def fleet(kube_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The chart's fleet: the CRD, the controller and KWOK, from Mokka's image built here."""
     tmp = tmp_path_factory.mktemp("fleet-controller")
-    only = ("fleet-crd.yaml", "fleet-controller.yaml", "fleet-kwok.yaml")
+    only = ("fleet-crd.yaml", "fleet-controller.yaml", "fleet-kwok.yaml", "faults.yaml")
     rendered = install_chart(kube_cluster, NS, VALUES, tmp, only=only)
     try:
         leader = wait_for("the controller holding its Lease", lambda: holder(kube_cluster), 180)
@@ -169,6 +170,53 @@ def test_a_dra_pool_publishes_a_resource_slice_per_node(fleet: Cluster) -> None:
     for name, node in nodes(fleet, f"{POOL_LABEL}=dra").items():
         assert "nvidia.com/gpu" not in node["status"]["capacity"], name
         assert mine[name]["metadata"]["ownerReferences"][0]["name"] == name
+
+
+def set_faults(cluster: Cluster, entries: dict[str, str | None]) -> None:
+    patch = json.dumps({"data": entries})
+    cluster.kubectl("patch", "configmap", FAULTS, "-n", NS, "--type", "merge", "-p", patch)
+
+
+def allocatable(cluster: Cluster, node: str) -> tuple[str, str]:
+    got = nodes(cluster, f"kubernetes.io/hostname={node}")[node]["status"]
+    return got["allocatable"]["nvidia.com/gpu"], got["capacity"]["nvidia.com/gpu"]
+
+
+def test_the_fault_config_map_reaches_virtual_nodes_as_the_device_plugin_shows_faults(fleet: Cluster) -> None:
+    apply_pool(fleet, "faulty", profile="h100", gpusPerNode=4, replicas=2)
+    settled(fleet, "faulty", 2)
+    try:
+        set_faults(fleet, {"virtual-faulty-1": "steps: [{gpu: 2, xid: 79}]", "virtual-faulty-0": "steps: [{xid: 13}]"})
+        wait_for(
+            "GPU 2 of virtual-faulty-1 out of allocatable", lambda: allocatable(fleet, "virtual-faulty-1")[0] == "3"
+        )
+        assert allocatable(fleet, "virtual-faulty-1") == ("3", "4")  # capacity stays, as the device plugin's
+        assert allocatable(fleet, "virtual-faulty-0") == ("4", "4")  # Xid 13: an application error, still healthy
+        wait_for("the pool's status", lambda: get_pool(fleet, "faulty")["status"]["allocatableGPUs"] == 7)
+        set_faults(fleet, {"virtual-faulty-1": "steps: [{gpu: 9, xid: 79}]"})  # no GPU 9: changes nothing
+        set_faults(fleet, {"virtual-faulty-1": None, "virtual-faulty-0": None})
+        wait_for("healthy again", lambda: allocatable(fleet, "virtual-faulty-1") == ("4", "4"))
+    finally:
+        set_faults(fleet, {"virtual-faulty-1": None, "virtual-faulty-0": None})
+
+
+def test_a_fault_takes_the_gpu_out_of_a_dra_nodes_slice(fleet: Cluster) -> None:
+    apply_pool(fleet, "dra-faulty", profile="h100", gpusPerNode=2, allocator="dra", replicas=1)
+    settled(fleet, "dra-faulty", 1)
+    node = "virtual-dra-faulty-0"
+
+    def devices() -> list[str]:
+        slices = json.loads(fleet.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
+        return [d["name"] for s in slices if s["spec"]["nodeName"] == node for d in s["spec"]["devices"]]
+
+    try:
+        assert devices() == ["gpu-0", "gpu-1"]
+        set_faults(fleet, {node: "steps: [{gpu: 0, ecc: {uncorrected: 1}}]"})
+        wait_for("gpu-0 out of the slice", lambda: devices() == ["gpu-1"])
+        set_faults(fleet, {node: None})
+        wait_for("gpu-0 back", lambda: devices() == ["gpu-0", "gpu-1"])
+    finally:
+        set_faults(fleet, {node: None})
 
 
 def test_a_profile_of_ones_own_from_a_config_map(fleet: Cluster) -> None:

@@ -41,6 +41,7 @@ GROUP, VERSION, PLURAL = "mokka.io", "v1alpha1", "virtualgpupools"
 RESYNC = 60.0  # seconds between two reconciles of every pool
 DIGEST_ANNOTATION = "mokka.io/pool-digest"  # what the node was made from: a changed pool changes it
 DRA_DRIVER = "gpu.nvidia.com"
+EVERY_POOL = "*"  # on the queue: reconcile every pool (the fault ConfigMap changed)
 
 log = logging.getLogger("mokka.fleet")
 
@@ -53,6 +54,7 @@ class Settings:
     workdir: Path  # where templates are staged (emptied after each)
     nfd_labels: bool = True  # nodes carry the PCI labels NFD gives a real node of the profile
     workers: int = 8  # concurrent API writes
+    faults: tuple[str, str] | None = None  # the chart's fault ConfigMap (namespace, name): one key per node
 
 
 class PoolError(Exception):
@@ -160,6 +162,7 @@ class Controller:
             rack_gpus=int(rack) if rack else fleet.NVL_DOMAIN_GPUS,
             taints=[{k: t[k] for k in ("key", "value", "effect") if k in t} for t in spec.get("taints") or []],
             dra=spec.get("allocator", "device-plugin") == "dra",
+            faults=self.faults_of(name, prof, pools.Pool.node_names(name, int(spec.get("replicas", 1)))),
             owner={
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": "VirtualGPUPool",
@@ -167,6 +170,53 @@ class Controller:
                 "uid": obj["metadata"]["uid"],
             },
         )
+
+    def fault_entries(self) -> dict[str, str]:
+        """The fault ConfigMap's entries (node name -> scenario text); none without one."""
+        if self.settings.faults is None:
+            return {}
+        from kubernetes.client.rest import ApiException
+
+        namespace, name = self.settings.faults
+        try:
+            cm = self._core().read_namespaced_config_map(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        return dict(cm.data or {})
+
+    def faults_of(self, pool: str, prof: profiles.Profile, nodes: list[str]) -> dict[str, dict[str, str]]:
+        """Node -> GPU index -> why unhealthy, from the fault ConfigMap's entries for ``nodes``: each
+        entry's steps in order, as the device plugin shows them (:func:`.pool.fault_effect`; a timed
+        entry's end state at once). A bad entry is logged and changes nothing, as on a real node."""
+        from gpumodel import faults as gpufaults
+        from gpumodel import scenario
+
+        entries = self.fault_entries()
+        out: dict[str, dict[str, str]] = {}
+        for node in sorted(set(entries) & set(nodes)):
+            gpus = []
+            for i in range(prof.gpu_count):
+                uuid, serial = fleet.gpu_identity(prof.name, node, i)
+                gpus.append(gpufaults.Gpu(slot=i, index=i, uuid=uuid, bus_id="", serial=serial, name=prof.gpu.name))
+            bad: dict[str, str] = {}
+            try:
+                steps = scenario.load_text(entries[node], f"fault entry {node}")
+                for event in steps.timeline(gpus):
+                    kind = steps.steps[event.step][1]
+                    effect, why = pools.fault_effect(kind, event.fault.model_dump())
+                    for gpu in event.gpus:
+                        if effect == "unhealthy":
+                            bad.setdefault(str(gpu.index), why)
+                        elif effect == "healthy":
+                            bad.pop(str(gpu.index), None)
+            except (scenario.ScenarioError, gpufaults.FaultError, ValueError) as exc:
+                log.warning("pool %s: %s: the entry changes nothing", pool, str(exc).splitlines()[0])
+                continue
+            if bad:
+                out[node] = bad
+        return out
 
     def reconcile(self, name: str) -> None:
         """Pool ``name``'s nodes and status as its spec says (a pool gone: nothing; the garbage
@@ -188,20 +238,22 @@ class Controller:
             self._write_status(obj, self._nodes(name), None, allocator, (exc.reason, str(exc)))
             return
         existing = self._nodes(name)
-        digest = _digest(pool)
+        digests = {n: _digest(pool, n) for n in pool.nodes}
         wanted = set(pool.nodes)
         make = [i for i, n in enumerate(pool.nodes) if n not in existing]
         renew = [
             i
             for i, n in enumerate(pool.nodes)
-            if n in existing and existing[n]["metadata"].get("annotations", {}).get(DIGEST_ANNOTATION) != digest
+            if n in existing and existing[n]["metadata"].get("annotations", {}).get(DIGEST_ANNOTATION) != digests[n]
         ]
         surplus = [n for n in existing if n not in wanted]
         if make or renew or surplus:
             log.info("pool %s: nodes to make %d, to renew %d, to delete %d", name, len(make), len(renew), len(surplus))
         dra, workers = allocator == "dra", self.settings.workers
-        pools.parallel(lambda i: self._make(pool, i, digest, dra), make, workers)
-        pools.parallel(lambda i: self._renew(pool, i, digest, existing[pool.nodes[i]], dra), renew, workers)
+        pools.parallel(lambda i: self._make(pool, i, digests[pool.nodes[i]], dra), make, workers)
+        pools.parallel(
+            lambda i: self._renew(pool, i, digests[pool.nodes[i]], existing[pool.nodes[i]], dra), renew, workers
+        )
         pools.parallel(self._delete, surplus, workers)
         if make or renew or surplus:
             existing = self._nodes(name)
@@ -366,7 +418,18 @@ class Controller:
         def node_stream(**kw: Any) -> Any:
             return core.list_node(label_selector=f"{pools.VIRTUAL_LABEL}=true", **kw)
 
-        for target, to_pool, what in ((pool_stream, pool_name, "pools"), (node_stream, node_pool, "virtual nodes")):
+        watches: list[tuple[Callable[..., Any], Callable[[Json], str | None], str]] = [
+            (pool_stream, pool_name, "pools"),
+            (node_stream, node_pool, "virtual nodes"),
+        ]
+        if self.settings.faults is not None:
+            namespace, name = self.settings.faults
+
+            def fault_stream(**kw: Any) -> Any:
+                return core.list_namespaced_config_map(namespace, field_selector=f"metadata.name={name}", **kw)
+
+            watches.append((fault_stream, lambda _obj: EVERY_POOL, f"the fault ConfigMap {namespace}/{name}"))
+        for target, to_pool, what in watches:
             threading.Thread(target=self._watch, args=(target, to_pool, what), daemon=True, name=what).start()
         last_resync = 0.0
         while not stop.is_set():
@@ -384,6 +447,8 @@ class Controller:
                     names.add(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            if EVERY_POOL in names:
+                names = {obj["metadata"]["name"] for obj in self._safe(self.list_pools) or []}
             for name in sorted(n for n in names if n):
                 self._safe(functools.partial(self.reconcile, name))
 
@@ -402,7 +467,8 @@ def _ready(node: Json) -> bool:
     )
 
 
-def _digest(pool: pools.Pool) -> str:
-    """What every node of ``pool`` is made from (not its node count)."""
-    facts = [pool.labels, pool.per_gpu, pool.devices, pool.racked, pool.rack_gpus, pool.taints, pool.owner, pool.dra]
+def _digest(pool: pools.Pool, node: str) -> str:
+    """What ``node`` of ``pool`` is made from: the pool's facts (not its node count) and its faults."""
+    facts: list[Any] = [pool.labels, pool.per_gpu, pool.devices, pool.racked, pool.rack_gpus, pool.taints]
+    facts += [pool.owner, pool.dra, pool.faults.get(node, {})]
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]

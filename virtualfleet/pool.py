@@ -116,7 +116,11 @@ class Pool:
 
     @property
     def nodes(self) -> list[str]:
-        return [f"virtual-{self.name}-{i}" for i in range(self.count)]
+        return self.node_names(self.name, self.count)
+
+    @staticmethod
+    def node_names(pool: str, count: int) -> list[str]:
+        return [f"virtual-{pool}-{i}" for i in range(count)]
 
     def rack(self, i: int) -> str | None:
         per_rack = max(1, self.rack_gpus // self.gpus)

@@ -53,6 +53,13 @@ GFD_ENV = "MOKKA_GFD"
     help="Namespace of the Lease (default: $POD_NAMESPACE, else mokka-system).",
 )
 @click.option("--lease-name", default="mokka-fleet-controller", show_default=True, help="Name of the Lease.")
+@click.option(
+    "--faults-configmap",
+    default=None,
+    metavar="NAMESPACE/NAME",
+    help="The chart's fault ConfigMap (one key per node name, its value a scenario): a virtual node's entry "
+    "makes its GPUs unhealthy as the device plugin or the DRA driver would show it.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging (HTTP and the election).")
 def fleet_controller(
     gfd: Path | None,
@@ -62,6 +69,7 @@ def fleet_controller(
     leader_elect: bool,
     lease_namespace: str | None,
     lease_name: str,
+    faults_configmap: str | None,
     verbose: bool,
 ) -> None:
     """Make every VirtualGPUPool (mokka.io/v1alpha1) into virtual GPU nodes, and keep them so.
@@ -103,7 +111,13 @@ def fleet_controller(
         api = cluster.load_client(str(kubeconfig) if kubeconfig else None)
     except cluster.ClusterError as exc:
         fail(str(exc))
-    settings = controller.Settings(gfd=binary, workdir=workdir, nfd_labels=nfd_labels)
+    faults = None
+    if faults_configmap is not None:
+        namespace, slash, name = faults_configmap.partition("/")
+        if not (slash and namespace and name) or "/" in name:
+            fail(f"--faults-configmap {faults_configmap}: expected NAMESPACE/NAME")
+        faults = (namespace, name)
+    settings = controller.Settings(gfd=binary, workdir=workdir, nfd_labels=nfd_labels, faults=faults)
     ctl = controller.Controller(api, settings)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
