@@ -53,7 +53,7 @@ class Settings:
     gfd: Path  # NVIDIA's gpu-feature-discovery binary
     workdir: Path  # where templates are staged (emptied after each)
     nfd_labels: bool = True  # nodes carry the PCI labels NFD gives a real node of the profile
-    workers: int = 8  # concurrent API writes
+    workers: int = 32  # concurrent API writes (each on a connection of its own)
     faults: tuple[str, str] | None = None  # the chart's fault ConfigMap (namespace, name): one key per node
 
 
@@ -71,6 +71,15 @@ class Controller:
     settings: Settings
     _templates: dict[str, template.Template] = field(default_factory=dict)
     _queue: queue.Queue[str | None] = field(default_factory=queue.Queue)
+
+    def __post_init__(self) -> None:
+        # One connection per writer: the client's pool holds 4 by default, and a writer without one
+        # opens and drops a connection per request.
+        from kubernetes import client
+
+        config = self.api.configuration
+        config.connection_pool_maxsize = self.settings.workers + 4
+        self.api = client.ApiClient(config)  # the pool is sized when the client is made
 
     # ------------------------------------------------------------------ the API
 
