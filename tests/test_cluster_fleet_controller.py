@@ -300,6 +300,34 @@ def test_a_new_controller_pod_makes_byte_identical_nodes(fleet: Cluster) -> None
     assert "pool again: template of gb300 computed" in logs(fleet, new)
 
 
+def test_the_controllers_metrics_follow_its_pools(fleet: Cluster) -> None:
+    """/metrics (Prometheus' text format) through the API server's proxy to the controller's pod."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    apply_pool(fleet, "watched", profile="t4", gpusPerNode=2, replicas=3)
+    settled(fleet, "watched", 3)
+    (pod,) = running(fleet, 1)
+
+    def samples() -> dict[tuple[str, str], float]:
+        text = fleet.kubectl("get", "--raw", f"/api/v1/namespaces/{NS}/pods/{pod}:8080/proxy/metrics").stdout
+        return {
+            (s.name, s.labels.get("pool", "")): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    got = wait_for(
+        "the pool in the metrics",
+        lambda: s if (s := samples()).get(("mokka_fleet_pool_nodes_ready", "watched")) == 3 else None,
+    )
+    assert got[("mokka_fleet_pool_nodes", "watched")] == 3 and got[("mokka_fleet_pool_nodes_wanted", "watched")] == 3
+    assert got[("mokka_fleet_pool_allocatable_gpus", "watched")] == 6
+    assert got[("mokka_fleet_pool_unhealthy_gpus", "watched")] == 0
+    assert got[("mokka_fleet_leader", "")] == 1
+    assert got[("mokka_fleet_nodes_created_total", "")] >= 3
+    assert got[("mokka_fleet_reconcile_seconds_count", "")] >= 1
+
+
 def test_of_two_replicas_one_leads_and_the_other_takes_over(fleet: Cluster) -> None:
     fleet.kubectl("scale", "deployment", CONTROLLER, "-n", NS, "--replicas=2")
     try:

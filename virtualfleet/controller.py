@@ -34,6 +34,7 @@ from gpumodel import profile as profiles
 
 from . import pool as pools
 from . import template
+from .metrics import Metrics
 
 __all__ = ["GROUP", "PLURAL", "RESYNC", "VERSION", "Controller", "Settings"]
 
@@ -69,6 +70,7 @@ class PoolError(Exception):
 class Controller:
     api: Any  # a kubernetes.client.ApiClient
     settings: Settings
+    metrics: Metrics = field(default_factory=Metrics)
     _templates: dict[str, template.Template] = field(default_factory=dict)
     _queue: queue.Queue[str | None] = field(default_factory=queue.Queue)
 
@@ -148,6 +150,7 @@ class Controller:
                 )
             except template.TemplateError as exc:
                 raise PoolError("TemplateFailed", str(exc)) from None
+            self.metrics.template.observe(time.monotonic() - t0)
             log.info("pool %s: template of %s computed in %.1f s", name, prof.name, time.monotonic() - t0)
         return self._templates[key]
 
@@ -230,12 +233,17 @@ class Controller:
     def reconcile(self, name: str) -> None:
         """Pool ``name``'s nodes and status as its spec says (a pool gone: nothing; the garbage
         collector deletes its nodes)."""
+        with self.metrics.reconcile.time():
+            self._reconcile(name)
+
+    def _reconcile(self, name: str) -> None:
         from kubernetes.client.rest import ApiException
 
         try:
             raw = self._custom().get_cluster_custom_object(GROUP, VERSION, PLURAL, name, _preload_content=False)
         except ApiException as exc:
             if exc.status == 404:
+                self.metrics.forget(name)
                 return
             raise
         obj = json.loads(raw.data)
@@ -264,6 +272,9 @@ class Controller:
             lambda i: self._renew(pool, i, digests[pool.nodes[i]], existing[pool.nodes[i]], dra), renew, workers
         )
         pools.parallel(self._delete, surplus, workers)
+        self.metrics.made.inc(len(make))
+        self.metrics.renewed.inc(len(renew))
+        self.metrics.deleted.inc(len(surplus))
         if make or renew or surplus:
             existing = self._nodes(name)
         self._write_status(obj, existing, pool, allocator, None)
@@ -381,6 +392,8 @@ class Controller:
             "conditions": [condition],
         }
         status = {k: v for k, v in status.items() if v is not None}
+        self.metrics.wanted.labels(name).set(want)
+        self.metrics.pool(name, status, sum(len(f) for f in pool.faults.values()) if pool else 0)
         if status == obj.get("status"):
             return
         try:

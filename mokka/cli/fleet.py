@@ -60,6 +60,13 @@ GFD_ENV = "MOKKA_GFD"
     help="The chart's fault ConfigMap (one key per node name, its value a scenario): a virtual node's entry "
     "makes its GPUs unhealthy as the device plugin or the DRA driver would show it.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="Serve the controller's metrics (Prometheus' text format) on this port at /metrics; 0: none.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging (HTTP and the election).")
 def fleet_controller(
     gfd: Path | None,
@@ -70,6 +77,7 @@ def fleet_controller(
     lease_namespace: str | None,
     lease_name: str,
     faults_configmap: str | None,
+    metrics_port: int,
     verbose: bool,
 ) -> None:
     """Make every VirtualGPUPool (mokka.io/v1alpha1) into virtual GPU nodes, and keep them so.
@@ -119,12 +127,18 @@ def fleet_controller(
         faults = (namespace, name)
     settings = controller.Settings(gfd=binary, workdir=workdir, nfd_labels=nfd_labels, faults=faults)
     ctl = controller.Controller(api, settings)
+    if metrics_port:
+        try:
+            ctl.metrics.serve(metrics_port)
+        except OSError as exc:
+            fail(f"--metrics-port {metrics_port}: {exc.strerror}")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     log = logging.getLogger("mokka.fleet")
     if not leader_elect:
         log.info("reconciling every VirtualGPUPool (no leader election)")
+        ctl.metrics.leader.set(1)
         ctl.run(stop)
         return
     from kubernetes.leaderelection import electionconfig, leaderelection  # type: ignore[import-untyped, unused-ignore]
@@ -137,6 +151,7 @@ def fleet_controller(
 
     def lead() -> None:
         log.info("%s leads (Lease %s/%s): reconciling every VirtualGPUPool", identity, namespace, lease_name)
+        ctl.metrics.leader.set(1)
         ctl.run(stop)
         os._exit(0)
 
