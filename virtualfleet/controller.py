@@ -40,6 +40,7 @@ __all__ = ["GROUP", "PLURAL", "RESYNC", "VERSION", "Controller", "Settings"]
 
 GROUP, VERSION, PLURAL = "mokka.io", "v1alpha1", "virtualgpupools"
 RESYNC = 60.0  # seconds between two reconciles of every pool
+COALESCE = 0.5  # seconds the events after a first one are gathered into one pass
 DIGEST_ANNOTATION = "mokka.io/pool-digest"  # what the node was made from: a changed pool changes it
 DRA_DRIVER = "gpu.nvidia.com"
 EVERY_POOL = "*"  # on the queue: reconcile every pool (the fault ConfigMap changed)
@@ -463,6 +464,7 @@ class Controller:
                 first = self._queue.get(timeout=1.0)
             except queue.Empty:
                 continue
+            time.sleep(COALESCE)  # a burst of events (KWOK readying a thousand nodes) makes one pass
             names = {first}
             while True:  # every name queued meanwhile, once
                 try:

@@ -1,0 +1,219 @@
+"""`mokka bench fleet`: the chart's fleet (``fleet.enabled``: the VirtualGPUPool API, the fleet
+controller and KWOK) measured on the cluster it runs on — any cluster, through its API.
+
+One pool of ``--nodes`` nodes is applied and followed through one watch of its nodes: the seconds
+until every node exists (and the rate they were made at) and until every node is Ready; then the
+pool is deleted and the seconds until every node is gone (the garbage collector's work). The
+controller's own figures are read from its ``/metrics`` through the API server's proxy to the
+pod holding its Lease. Targets (issue 31, two cores): node creation >= 500 nodes/s; 10,000 nodes
+Ready <= 120 s. Figures are printed with their targets, a missed one marked MISSED; nothing
+asserts on them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from virtualfleet.controller import GROUP, PLURAL, VERSION
+from virtualfleet.pool import POOL_LABEL
+
+__all__ = ["BenchError", "Result", "run"]
+
+TARGET_RATE = 500.0  # nodes/s
+TARGET_READY_S = 120.0  # for 10,000 nodes
+TARGET_NODES = 10_000
+LEASE = "mokka-fleet-controller"
+
+
+class BenchError(Exception):
+    """The bench cannot run here; the message says what to do."""
+
+
+@dataclass
+class Result:
+    nodes: int
+    made_s: float = 0.0
+    ready_s: float = 0.0
+    deleted_s: float | None = None
+    controller: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.nodes / self.made_s if self.made_s else 0.0
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(figure, value, target) lines; a missed target says MISSED."""
+        rate_ok = self.rate >= TARGET_RATE
+        rows = [
+            (f"{self.nodes} nodes made", f"{self.made_s:.1f} s", ""),
+            (
+                "node creation",
+                f"{self.rate:.0f} nodes/s",
+                f">= {TARGET_RATE:.0f} nodes/s{'' if rate_ok else ' MISSED'}",
+            ),
+        ]
+        target = ""
+        if self.nodes == TARGET_NODES:
+            target = f"<= {TARGET_READY_S:.0f} s{'' if self.ready_s <= TARGET_READY_S else ' MISSED'}"
+        rows.append((f"{self.nodes} nodes Ready", f"{self.ready_s:.1f} s", target))
+        if self.deleted_s is not None:
+            rows.append(("pool deleted -> every node gone", f"{self.deleted_s:.1f} s", ""))
+        for name, value in sorted(self.controller.items()):
+            rows.append((f"controller: {name}", f"{value:g}", ""))
+        return rows
+
+
+def _ready(node: dict[str, Any]) -> bool:
+    conditions = node.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+class _Follower:
+    """One watch of the pool's nodes: when each was first seen and first Ready (seconds from t0)."""
+
+    def __init__(self, core: Any, pool: str, t0: float) -> None:
+        self.core, self.pool, self.t0 = core, pool, t0
+        self.seen: dict[str, float] = {}
+        self.ready: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        listed = json.loads(core.list_node(label_selector=self.selector, _preload_content=False).data)
+        self.version = listed["metadata"]["resourceVersion"]
+        self.thread = threading.Thread(target=self._run, daemon=True, name="follower")
+        self.thread.start()
+
+    @property
+    def selector(self) -> str:
+        return f"{POOL_LABEL}={self.pool}"
+
+    def _run(self) -> None:
+        from kubernetes import watch  # type: ignore[import-untyped, unused-ignore]
+
+        while not self.stop.is_set():
+            w = watch.Watch()
+            try:
+                for event in w.stream(
+                    self.core.list_node,
+                    label_selector=self.selector,
+                    resource_version=self.version,
+                    timeout_seconds=60,
+                    deserialize=False,
+                    allow_watch_bookmarks=True,
+                ):
+                    obj = event["object"]
+                    self.version = obj["metadata"]["resourceVersion"]
+                    if event["type"] == "BOOKMARK":
+                        continue
+                    now, name = time.monotonic() - self.t0, obj["metadata"]["name"]
+                    with self.lock:
+                        if event["type"] == "DELETED":
+                            self.seen.pop(name, None)
+                            self.ready.pop(name, None)
+                            continue
+                        self.seen.setdefault(name, now)
+                        if _ready(obj):
+                            self.ready.setdefault(name, now)
+                    if self.stop.is_set():
+                        w.stop()
+            except Exception:  # a dropped watch: resume from the last version seen
+                time.sleep(0.5)
+
+    def counts(self) -> tuple[int, int]:
+        with self.lock:
+            return len(self.seen), len(self.ready)
+
+    def last(self) -> tuple[float, float]:
+        with self.lock:
+            return max(self.seen.values(), default=0.0), max(self.ready.values(), default=0.0)
+
+
+def _wait(what: str, check: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise BenchError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def controller_metrics(api: Any, namespace: str) -> dict[str, float]:
+    """The leading controller's reconcile and template figures, from its /metrics."""
+    from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
+    from kubernetes.client.rest import ApiException  # type: ignore[import-untyped, unused-ignore]
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        lease = client.CoordinationV1Api(api).read_namespaced_lease(LEASE, namespace)
+        pod = lease.spec.holder_identity
+        core = client.CoreV1Api(api)
+        port = next(
+            p.container_port
+            for c in core.read_namespaced_pod(pod, namespace).spec.containers
+            for p in c.ports or []
+            if p.name == "metrics"
+        )
+        text = core.connect_get_namespaced_pod_proxy_with_path(
+            f"{pod}:{port}", namespace, "metrics", _preload_content=False
+        )
+    except (ApiException, StopIteration, AttributeError):
+        return {}
+    got: dict[str, float] = {}
+    for family in text_string_to_metric_families(text.data.decode()):
+        for s in family.samples:
+            if s.name in ("mokka_fleet_reconcile_seconds_count", "mokka_fleet_reconcile_seconds_sum"):
+                got[s.name.removeprefix("mokka_fleet_")] = round(s.value, 3)
+            if s.name == "mokka_fleet_template_seconds_sum":
+                got["template_seconds_sum"] = round(s.value, 3)
+    return got
+
+
+def run(
+    api: Any,
+    nodes: int,
+    profile: str = "h100",
+    pool: str = "bench-fleet",
+    namespace: str = "mokka-system",
+    keep: bool = False,
+    timeout: float = 900,
+) -> Result:
+    """Apply a pool of ``nodes`` nodes of ``profile`` named ``pool``, follow it to Ready, delete it
+    (unless ``keep``); ``namespace`` is the chart's release's (the controller's Lease)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    try:
+        custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, pool)
+    except ApiException as exc:
+        if exc.status == 404 and "the server could not find the requested resource" in str(exc.body).lower():
+            raise BenchError("no VirtualGPUPool API here: install the chart with --set fleet.enabled=true") from None
+        if exc.status != 404:
+            raise BenchError(f"VirtualGPUPool {pool}: {exc.reason}") from None
+    else:
+        raise BenchError(f"a VirtualGPUPool {pool} exists already: delete it or give --pool another name")
+    result = Result(nodes)
+    t0 = time.monotonic()
+    follower = _Follower(core, pool, t0)
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VirtualGPUPool", "metadata": {"name": pool}}
+    body["spec"] = {"profile": profile, "replicas": nodes}
+    try:
+        custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
+    except ApiException as exc:
+        follower.stop.set()
+        raise BenchError(f"VirtualGPUPool {pool}: {exc.reason}: {str(exc.body)[:300]}") from None
+    try:
+        _wait(f"{nodes} nodes made", lambda: follower.counts()[0] >= nodes, timeout)
+        _wait(f"{nodes} nodes Ready", lambda: follower.counts()[1] >= nodes, timeout)
+        result.made_s, result.ready_s = follower.last()
+        result.controller = controller_metrics(api, namespace)
+    finally:
+        if not keep:
+            t1 = time.monotonic()
+            custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, pool)
+            _wait("every node of the pool gone", lambda: follower.counts()[0] == 0, timeout)
+            result.deleted_s = time.monotonic() - t1
+        follower.stop.set()
+    return result
