@@ -201,6 +201,23 @@ def test_topology_eight_gpus(stage: Callable[..., Staged], smi: Smi) -> None:
         assert row[-1].strip() == "N/A"  # GPU NUMA ID: only coherent (C2C) GPUs are NUMA nodes
 
 
+@pytest.mark.parametrize("name", BUILTINS)
+@pytest.mark.parametrize("gpus", [1, 2, None])
+def test_topology_of_every_profile_at_every_count(
+    stage: Callable[..., Staged], smi: Smi, name: str, gpus: int | None
+) -> None:
+    """`nvidia-smi topo -m` asks every NVLink up to NVML's maximum: a link the board does not have is
+    not supported on it (an A100 has 12 of 18), never an invalid argument, or the matrix fails."""
+    staged = stage(name, gpus)
+    out = smi_run(staged, smi, "topo", "-m")
+    count, links = staged.profile.gpu_count, staged.profile.gpu.nvlink.links
+    rows = [line.split("\t") for line in out.splitlines() if line.startswith("GPU") and "\t" in line[:5]]
+    assert len(rows) == count, out
+    if links and count > 1:
+        for i, row in enumerate(rows):
+            assert [c.strip() for c in row[1 : count + 1]] == ["X" if j == i else f"NV{links}" for j in range(count)]
+
+
 def test_nvlink_status(stage: Callable[..., Staged], smi: Smi) -> None:
     staged = stage("h100")
     out = smi_run(staged, smi, "nvlink", "-s", "-i", "0")

@@ -984,9 +984,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t d1, nvmlDevice_t d2, nvm
 
 /* ---- NVLink ------------------------------------------------------------------------ */
 
+/* A link the board does not have but NVML can name (below NVML_NVLINK_MAX_LINKS: an A100's
+ * links 12-17) is not supported on it, as on a GPU without NVLink; only a link number no GPU can
+ * have is an invalid argument. nvidia-smi's topology matrix asks every link up to the maximum and
+ * gives up on an invalid argument. */
 static nvmlReturn_t nvlink_check(const mokka_gpu_t *g, unsigned link) {
-    if (g->nvlink_count == 0) return NVML_ERROR_NOT_SUPPORTED;
-    if (link >= g->nvlink_count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (link >= NVML_NVLINK_MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->nvlink_count == 0 || link >= g->nvlink_count) return NVML_ERROR_NOT_SUPPORTED;
     return NVML_SUCCESS;
 }
 
