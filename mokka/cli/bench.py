@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .root import GPUS_OPTION, fail, load_profile, main
+from .root import GPUS_OPTION, KUBECONFIG_OPTION, fail, load_profile, main
 
 
 @main.group()
@@ -190,12 +190,7 @@ def bench_fault(profile_name: str, gpus: int | None, cli_rounds: int, rounds: in
     show_default=True,
     help="The chart's release namespace (the controller's Lease and pod, for its metrics).",
 )
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="API server credentials (default: in-cluster, else $KUBECONFIG or ~/.kube/config).",
-)
+@KUBECONFIG_OPTION
 @click.option("--keep", is_flag=True, help="Leave the pool and its nodes (not deleted or timed).")
 @click.option("--timeout", type=click.IntRange(1), default=900, show_default=True, help="Seconds for each phase.")
 def bench_fleet(

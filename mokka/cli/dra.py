@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .root import fail, main
+from .root import KUBECONFIG_OPTION, fail, main
 
 
 @main.command("dra-plugin")
@@ -32,12 +32,7 @@ from .root import fail, main
     show_default=True,
     help="kubelet's root directory: sockets go to plugins/<driver>/ and plugins_registry/.",
 )
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="API server credentials (default: in-cluster, else $KUBECONFIG or ~/.kube/config).",
-)
+@KUBECONFIG_OPTION
 @click.option(
     "--cdi-dir",
     type=click.Path(file_okay=False, path_type=Path),

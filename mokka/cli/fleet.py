@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from .root import fail, main
+from .root import KUBECONFIG_OPTION, fail, main
 
 GFD_ENV = "MOKKA_GFD"
 
@@ -29,12 +29,7 @@ GFD_ENV = "MOKKA_GFD"
     show_default=True,
     help="Where a pool's profile is staged while its template is computed (emptied after).",
 )
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="API server credentials (default: in-cluster, else $KUBECONFIG or ~/.kube/config).",
-)
+@KUBECONFIG_OPTION
 @click.option(
     "--nfd-labels/--no-nfd-labels",
     default=True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -54,6 +55,14 @@ def host_port(_ctx: click.Context, param: click.Parameter, value: str | None) ->
 
 GPUS_OPTION = click.option(
     "--gpus", type=click.IntRange(1, MAX_GPUS), default=None, help="GPU count (default: the profile's)."
+)
+
+# Where a command that talks to a cluster's API finds it (k8snode.dra.cluster.load_client's order).
+KUBECONFIG_OPTION = click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="API server credentials (default: in-cluster, else $KUBECONFIG or ~/.kube/config).",
 )
 
 
