@@ -83,7 +83,7 @@ def test_bad_arguments_are_one_line() -> None:
 @pytest.mark.slow
 def test_the_tests_that_use_node_paths_pass_without_them() -> None:
     before = snapshot()
-    argv = [*FRESH, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *AFFECTED]
+    argv = [*FRESH, sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", *AFFECTED]
     res = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=1500, stdin=subprocess.DEVNULL)
     summary = res.stdout.strip().splitlines()[-1:] or [""]
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]

@@ -48,7 +48,7 @@ def test_tests_that_look_up_programs_pass_with_a_minimal_path() -> None:
         "tests/test_go_nvml.py",
     ]
     res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *selection],
+        [sys.executable, "-m", "pytest", "-n", "0", "-q", "-rs", "-p", "no:cacheprovider", *selection],
         cwd=REPO,
         env=minimal_env(),
         stdin=subprocess.DEVNULL,
