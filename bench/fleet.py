@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from virtualfleet.controller import GROUP, PLURAL, VERSION
+from virtualfleet.crd import GROUP, PLURAL, VERSION
 from virtualfleet.pool import POOL_LABEL
 
 __all__ = ["BenchError", "Result", "run"]

@@ -25,6 +25,7 @@ import yaml
 from fetch import prepare, versions
 from gpumodel import profile
 from k8snode import nodeinfo
+from virtualfleet import crd as fleet_crd_module
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
 
@@ -607,6 +608,8 @@ def test_fleet_api_offers_every_builtin_profile(render: Callable[..., Docs]) -> 
     gpus = ", ".join(f"'{n}': {profile.load(n).gpu_count}" for n in profile.builtin_names())
     assert "{" + gpus + "}[self.profile]" in spec["x-kubernetes-validations"][1]["rule"]
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
+    # The one definition (mokka cluster up --virtual applies it): the chart only adds its labels.
+    assert crd == fleet_crd_module.definition(2000, labels=crd["metadata"]["labels"])
 
 
 def test_fgo_off_by_default(render: Callable[..., Docs]) -> None:
@@ -701,9 +704,10 @@ def test_dcgm_exporter_needs_a_tag(helm: Path, tmp_path: Path) -> None:
     assert res.returncode != 0 and "integrations.dcgmExporter.image.tag" in res.stderr, res.stderr
 
 
-def test_chart_profiles_in_sync() -> None:
+def test_chart_generated_files_in_sync() -> None:
+    """profiles/ and templates/fleet-crd.yaml are what charts/mokka/update-generated.py writes."""
     res = subprocess.run(
-        [sys.executable, str(CHART / "update-profiles.py"), "--check"], capture_output=True, text=True, timeout=120
+        [sys.executable, str(CHART / "update-generated.py"), "--check"], capture_output=True, text=True, timeout=120
     )
     assert res.returncode == 0, res.stderr
 
@@ -718,6 +722,6 @@ def test_helmignore_keeps_the_script_out(helm: Path, tmp_path: Path) -> None:
     (archive,) = tmp_path.glob("mokka-*.tgz")
     with tarfile.open(archive) as tar:
         members = {m.name.split("/", 1)[1] for m in tar.getmembers()}
-    assert "update-profiles.py" not in members
+    assert "update-generated.py" not in members
     assert {f"profiles/{n}.yaml" for n in profile.builtin_names()} <= members
     assert {"values.schema.json", "templates/NOTES.txt", "Chart.yaml", "values.yaml"} <= members

@@ -34,11 +34,11 @@ from gpumodel import profile as profiles
 
 from . import pool as pools
 from . import template
+from .crd import GROUP, PLURAL, VERSION
 from .metrics import Metrics
 
-__all__ = ["GROUP", "PLURAL", "RESYNC", "VERSION", "Controller", "Settings"]
+__all__ = ["RESYNC", "Controller", "Settings"]
 
-GROUP, VERSION, PLURAL = "mokka.io", "v1alpha1", "virtualgpupools"
 RESYNC = 60.0  # seconds between two reconciles of every pool
 COALESCE = 0.5  # seconds the events after a first one are gathered into one pass
 DIGEST_ANNOTATION = "mokka.io/pool-digest"  # what the node was made from: a changed pool changes it
