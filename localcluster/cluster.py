@@ -34,7 +34,7 @@ from typing import Any
 from fetch import containerd_dist, debcache, gotool, kubelet_api, nvidia_smi
 from fetch.kube import binaries, versions
 from fetch.kube.gobuild import BuildError
-from virtualfleet.pool import Pool, VirtualSpec, check_total
+from virtualfleet.pool import VirtualSpec, check_total
 
 from . import cgroups, config, controlplane, gpustack, images, process
 from .addons import dcgm, fgo, gfd, virtualpools
@@ -139,8 +139,8 @@ class Cluster(Context):
         return self.node().name
 
     @property
-    def pools(self) -> list[Pool]:
-        """The virtual pools (:mod:`virtualfleet.pool`), as made at ``up`` (faults applied since)."""
+    def pools(self) -> list[virtualpools.Made]:
+        """The virtual pools (VirtualGPUPools the fleet controller makes into nodes), as ``up`` asked."""
         return virtualpools.pools(self)
 
     @property

@@ -2,7 +2,8 @@
 Deployment and KWOK's, from Mokka's image built here with NVIDIA's GFD and KWOK) on a real API server
 (the session cluster), the chart's KWOK keeping the nodes Ready: a pool becomes nodes carrying exactly the GFD labels
 of the cluster's real node of the same profile; ``kubectl scale`` adds and removes nodes; a node
-deleted by hand comes back identical; racks, DRA pools, a profile from a ConfigMap; a bad pool is
+deleted by hand comes back identical; racks; a KWOK node made elsewhere with the pool's label gets the
+pool's surface; DRA pools, a profile from a ConfigMap; a bad pool is
 told in its Ready condition; deleting a pool deletes its nodes; a new controller pod makes
 byte-identical nodes; of two replicas one holds the Lease, and the other takes over when it goes."""
 
@@ -161,6 +162,52 @@ def test_nodes_fill_racks_of_the_pools_size(fleet: Cluster) -> None:
     ]
     ids = [c["nvidia.com/gpu.clique"] for c in cliques]
     assert ids[0] == ids[1] != ids[2] == ids[3] != ids[4] and ids[0] != ids[4]
+
+
+def test_a_kwok_node_someone_else_made_with_the_pools_label_gets_the_pools_surface(fleet: Cluster) -> None:
+    """One node model, whoever made the node: a KWOK node made elsewhere (as an autoscaler's KWOK
+    provider makes them) and labelled with the pool gets the GFD labels, GPUs and rack clique of the
+    pool's next place; its own name, labels, resources and owner stay; the pool's replicas do not
+    count it, its status does."""
+    apply_pool(fleet, "adopt", profile="gb200", rackSize=8, replicas=1)  # 2 nodes a rack
+    settled(fleet, "adopt", 1)
+    node = "provisioned-1"
+    theirs = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node,
+            "labels": {POOL_LABEL: "adopt", "karpenter.sh/nodepool": "gpu", "kubernetes.io/hostname": "claim-1"},
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
+        "status": {"capacity": theirs, "allocatable": theirs},
+    }
+    fleet.kubectl("create", "-f", "-", input=json.dumps(body))
+    try:
+
+        def decorated() -> dict[str, Any] | None:
+            got = nodes(fleet, "karpenter.sh/nodepool=gpu").get(node)
+            return got if got and got["status"]["allocatable"].get("nvidia.com/gpu") == "4" and ready(got) else None
+
+        got = wait_for("the node made elsewhere decorated and Ready", decorated, 60)
+        own = nodes(fleet, "kubernetes.io/hostname=virtual-adopt-0")["virtual-adopt-0"]
+        assert gpu_labels(got) == gpu_labels(own)  # the same rack: the same clique
+        assert got["metadata"]["labels"]["kubernetes.io/hostname"] == "claim-1"
+        assert got["metadata"]["labels"]["karpenter.sh/nodepool"] == "gpu"
+        assert "ownerReferences" not in got["metadata"]
+        assert got["status"]["capacity"]["cpu"] == "32" and got["status"]["capacity"]["nvidia.com/gpu"] == "4"
+
+        def counted() -> bool:
+            status = get_pool(fleet, "adopt")["status"]
+            return (status["replicas"], status["readyReplicas"], status["adoptedNodes"], status["allocatableGPUs"]) == (
+                1, 1, 1, 8
+            )  # fmt: skip
+
+        wait_for("the pool's status counting it apart", counted)
+        assert list(nodes(fleet, f"{POOL_LABEL}=adopt")) == [node, "virtual-adopt-0"]  # never deleted as surplus
+    finally:
+        fleet.kubectl("delete", "node", node, "--ignore-not-found", "--wait=true")
 
 
 def test_a_dra_pool_publishes_a_resource_slice_per_node(fleet: Cluster) -> None:

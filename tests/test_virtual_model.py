@@ -10,6 +10,7 @@ from gpumodel import fleet, profile
 from k8snode import deviceplugin
 from localcluster.addons import fgo
 from localcluster.addons.fgo import FgoSpec
+from virtualfleet import faults as virtual_faults
 from virtualfleet import pool as virtual
 from virtualfleet.pool import Pool, VirtualSpec
 
@@ -84,13 +85,13 @@ def test_racked_boards_get_one_clique_per_rack() -> None:
 
 
 def test_faults_map_to_what_the_device_plugin_reports() -> None:
-    assert virtual.fault_effect("xid", {"code": 79}) == ("unhealthy", "Xid 79")
-    assert virtual.fault_effect("xid", {"code": 13})[0] == "unchanged"
-    assert virtual.fault_effect("lost", {})[0] == "unhealthy"
-    assert virtual.fault_effect("ecc", {"uncorrected": 1})[0] == "unhealthy"
-    assert virtual.fault_effect("clear", {"all": False}) == ("healthy", "")
+    assert virtual_faults.fault_effect("xid", {"code": 79}) == ("unhealthy", "Xid 79")
+    assert virtual_faults.fault_effect("xid", {"code": 13})[0] == "unchanged"
+    assert virtual_faults.fault_effect("lost", {})[0] == "unhealthy"
+    assert virtual_faults.fault_effect("ecc", {"uncorrected": 1})[0] == "unhealthy"
+    assert virtual_faults.fault_effect("clear", {"all": False}) == ("healthy", "")
     with pytest.raises(ValueError, match="no NVML"):
-        virtual.fault_effect("temperature", {"celsius": 95})
+        virtual_faults.fault_effect("temperature", {"celsius": 95})
 
 
 def test_fgo_specs_topology_and_profiles() -> None:
@@ -125,3 +126,34 @@ def test_fgo_binaries_missing_say_where(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv(fgo.ENV_DIR, str(tmp_path))
     with pytest.raises(fgo.FgoError, match="no status-updater"):
         fgo.find_binaries(tmp_path)  # type: ignore[arg-type]
+
+
+def test_a_pool_tells_its_own_node_names_from_others() -> None:
+    p = pool()
+    assert p.owns("virtual-h100-0") and p.owns("virtual-h100-17")
+    assert not p.owns("virtual-h100-2-0")  # pool h100-2's
+    assert not p.owns("provisioned-1") and not p.owns("virtual-h100-x")
+
+
+def test_a_node_made_elsewhere_gets_the_body_of_its_place() -> None:
+    p = pool("gb200", 4, count=1, racked=True)
+    body = virtual.node_body(p, 1, "provisioned-1")
+    assert body["metadata"]["name"] == "provisioned-1"
+    assert body["metadata"]["labels"][virtual.CLIQUE_LABEL] == p.node_labels(1)[virtual.CLIQUE_LABEL]
+
+
+def test_a_node_with_faults_says_which_gpus_are_unhealthy() -> None:
+    p = pool()
+    p.faults["virtual-h100-1"] = {"3": "Xid 79"}
+    assert virtual.UNHEALTHY_ANNOTATION not in virtual.node_body(p, 0)["metadata"]["annotations"]
+    assert virtual.node_body(p, 1)["metadata"]["annotations"][virtual.UNHEALTHY_ANNOTATION] == '{"3": "Xid 79"}'
+
+
+def test_a_fault_entry_is_read_as_the_device_plugin_shows_it() -> None:
+    gpus = virtual_faults.node_gpus("h100", "NVIDIA H100 80GB HBM3", 8, "virtual-h100-1")
+    entry = "steps: [{gpu: 3, xid: 79}, {gpu: [4, 5], xid: 13}, {gpu: 6, lost: true}, {gpu: 6, clear: true}]"
+    assert virtual_faults.unhealthy_of(entry, gpus, "entry") == {"3": "Xid 79"}
+    uuid = gpus[2].uuid
+    assert virtual_faults.unhealthy_of(f"steps: [{{gpu: {uuid}, ecc: {{uncorrected: 1}}}}]", gpus, "e") == {
+        "2": "Xid 48 (double-bit ECC error)"
+    }

@@ -32,8 +32,8 @@ from typing import Any
 from gpumodel import fleet
 from gpumodel import profile as profiles
 
+from . import faults, template
 from . import pool as pools
-from . import template
 from .crd import GROUP, PLURAL, VERSION
 from .metrics import Metrics
 
@@ -175,7 +175,6 @@ class Controller:
             rack_gpus=int(rack) if rack else fleet.NVL_DOMAIN_GPUS,
             taints=[{k: t[k] for k in ("key", "value", "effect") if k in t} for t in spec.get("taints") or []],
             dra=spec.get("allocator", "device-plugin") == "dra",
-            faults=self.faults_of(name, prof, pools.Pool.node_names(name, int(spec.get("replicas", 1)))),
             owner={
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": "VirtualGPUPool",
@@ -186,22 +185,11 @@ class Controller:
 
     def fault_entries(self) -> dict[str, str]:
         """The fault ConfigMap's entries (node name -> scenario text); none without one."""
-        if self.settings.faults is None:
-            return {}
-        from kubernetes.client.rest import ApiException
+        return faults.read_entries(self._core(), *self.settings.faults) if self.settings.faults else {}
 
-        namespace, name = self.settings.faults
-        try:
-            cm = self._core().read_namespaced_config_map(name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return {}
-            raise
-        return dict(cm.data or {})
-
-    def faults_of(self, pool: str, prof: profiles.Profile, nodes: list[str]) -> dict[str, dict[str, str]]:
+    def faults_of(self, pool: pools.Pool, nodes: list[str]) -> dict[str, dict[str, str]]:
         """Node -> GPU index -> why unhealthy, from the fault ConfigMap's entries for ``nodes``: each
-        entry's steps in order, as the device plugin shows them (:func:`.pool.fault_effect`; a timed
+        entry's steps in order, as the device plugin shows them (:func:`.faults.fault_effect`; a timed
         entry's end state at once). A bad entry is logged and changes nothing, as on a real node."""
         from gpumodel import faults as gpufaults
         from gpumodel import scenario
@@ -209,23 +197,11 @@ class Controller:
         entries = self.fault_entries()
         out: dict[str, dict[str, str]] = {}
         for node in sorted(set(entries) & set(nodes)):
-            gpus = []
-            for i in range(prof.gpu_count):
-                uuid, serial = fleet.gpu_identity(prof.name, node, i)
-                gpus.append(gpufaults.Gpu(slot=i, index=i, uuid=uuid, bus_id="", serial=serial, name=prof.gpu.name))
-            bad: dict[str, str] = {}
+            gpus = faults.node_gpus(pool.profile, pool.product, pool.gpus, node)
             try:
-                steps = scenario.load_text(entries[node], f"fault entry {node}")
-                for event in steps.timeline(gpus):
-                    kind = steps.steps[event.step][1]
-                    effect, why = pools.fault_effect(kind, event.fault.model_dump())
-                    for gpu in event.gpus:
-                        if effect == "unhealthy":
-                            bad.setdefault(str(gpu.index), why)
-                        elif effect == "healthy":
-                            bad.pop(str(gpu.index), None)
+                bad = faults.unhealthy_of(entries[node], gpus, f"fault entry {node}")
             except (scenario.ScenarioError, gpufaults.FaultError, ValueError) as exc:
-                log.warning("pool %s: %s: the entry changes nothing", pool, str(exc).splitlines()[0])
+                log.warning("pool %s: %s: the entry changes nothing", pool.name, str(exc).splitlines()[0])
                 continue
             if bad:
                 out[node] = bad
@@ -256,22 +232,26 @@ class Controller:
             self._write_status(obj, self._nodes(name), None, allocator, (exc.reason, str(exc)))
             return
         existing = self._nodes(name)
-        digests = {n: _digest(pool, n) for n in pool.nodes}
+        # Nodes someone else made (a user, an autoscaler's KWOK provider) and labelled with the pool:
+        # decorated at the places after the pool's own, never deleted. Only KWOK's nodes: a
+        # kubelet's node keeps what its kubelet reports.
+        adopted = sorted(n for n, o in existing.items() if not pool.owns(n) and pools.kept_by_kwok(o))
+        pool.faults = self.faults_of(pool, [*pool.nodes, *adopted])
+        places = [*pool.nodes, *adopted]
+        digests = {n: _digest(pool, n, i) for i, n in enumerate(places)}
         wanted = set(pool.nodes)
         make = [i for i, n in enumerate(pool.nodes) if n not in existing]
         renew = [
             i
-            for i, n in enumerate(pool.nodes)
+            for i, n in enumerate(places)
             if n in existing and existing[n]["metadata"].get("annotations", {}).get(DIGEST_ANNOTATION) != digests[n]
         ]
-        surplus = [n for n in existing if n not in wanted]
+        surplus = [n for n in existing if pool.owns(n) and n not in wanted]
         if make or renew or surplus:
             log.info("pool %s: nodes to make %d, to renew %d, to delete %d", name, len(make), len(renew), len(surplus))
         dra, workers = allocator == "dra", self.settings.workers
         pools.parallel(lambda i: self._make(pool, i, digests[pool.nodes[i]], dra), make, workers)
-        pools.parallel(
-            lambda i: self._renew(pool, i, digests[pool.nodes[i]], existing[pool.nodes[i]], dra), renew, workers
-        )
+        pools.parallel(lambda i: self._renew(pool, i, places[i], digests[places[i]], existing, dra), renew, workers)
         pools.parallel(self._delete, surplus, workers)
         self.metrics.made.inc(len(make))
         self.metrics.renewed.inc(len(renew))
@@ -280,8 +260,8 @@ class Controller:
             existing = self._nodes(name)
         self._write_status(obj, existing, pool, allocator, None)
 
-    def _body(self, pool: pools.Pool, i: int, digest: str) -> Json:
-        body = pools.node_body(pool, i)
+    def _body(self, pool: pools.Pool, i: int, digest: str, name: str | None = None) -> Json:
+        body = pools.node_body(pool, i, name)
         body["metadata"]["annotations"][DIGEST_ANNOTATION] = digest
         return body
 
@@ -298,31 +278,45 @@ class Controller:
         if dra:
             self._slice(pool, i, made["metadata"]["uid"])
 
-    def _renew(self, pool: pools.Pool, i: int, digest: str, node: Json, dra: bool) -> None:
-        body = self._body(pool, i, digest)
-        labels: dict[str, str | None] = {k: None for k in node["metadata"].get("labels", {})}
-        labels.update(body["metadata"]["labels"])
-        patch = {
-            "metadata": {
-                "labels": labels,
-                "annotations": body["metadata"]["annotations"],
-                "ownerReferences": body["metadata"].get("ownerReferences"),
-            },
-            "spec": {"taints": body["spec"].get("taints")},
-        }
+    def _renew(self, pool: pools.Pool, i: int, name: str, digest: str, existing: dict[str, Json], dra: bool) -> None:
+        """Node ``name`` (at place ``i``) brought in step. One of the pool's own: exactly its body.
+        One someone else made: the pool's labels, GPUs and annotations added to what it has (its
+        owner, taints, other labels and resources stay)."""
+        node = existing[name]
+        body = self._body(pool, i, digest, name)
+        annotations = {pools.UNHEALTHY_ANNOTATION: None, **body["metadata"]["annotations"]}
+        if pool.owns(name):
+            labels: dict[str, str | None] = {k: None for k in node["metadata"].get("labels", {})}
+            labels.update(body["metadata"]["labels"])
+            patch: Json = {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": annotations,
+                    "ownerReferences": body["metadata"].get("ownerReferences"),
+                },
+                "spec": {"taints": body["spec"].get("taints")},
+            }
+            status = body["status"]
+        else:
+            theirs = node["metadata"].get("labels", {}).get("kubernetes.io/hostname", name)
+            patch = {"metadata": {"labels": {**body["metadata"]["labels"], "kubernetes.io/hostname": theirs}}}
+            patch["metadata"]["annotations"] = annotations
+            status = {k: pool.resources(name, allocatable=k == "allocatable") for k in ("capacity", "allocatable")}
+        # The metadata last: its digest (and unhealthy-GPU) annotation says the node is in step.
         core = self._core()
-        core.patch_node(body["metadata"]["name"], patch, _preload_content=False)
-        core.patch_node_status(body["metadata"]["name"], {"status": body["status"]}, _preload_content=False)
+        if any(status.values()):
+            core.patch_node_status(name, {"status": status}, _preload_content=False)
         if dra:
-            self._slice(pool, i, node["metadata"]["uid"])
+            self._slice(pool, i, node["metadata"]["uid"], name)
+        core.patch_node(name, patch, _preload_content=False)
 
-    def _slice(self, pool: pools.Pool, i: int, owner_uid: str) -> None:
-        """Node ``i``'s ResourceSlice (made, or replaced where it is)."""
+    def _slice(self, pool: pools.Pool, i: int, owner_uid: str, name: str | None = None) -> None:
+        """Node ``i``'s (or ``name``'s) ResourceSlice (made, or replaced where it is)."""
         from kubernetes.client.rest import ApiException
 
         from k8snode.dra import resources
 
-        node = pool.nodes[i]
+        node = name or pool.nodes[i]
         api = self._resource()
         selector = f"spec.nodeName={node},spec.driver={DRA_DRIVER}"
         found = json.loads(api.list_resource_slice(field_selector=selector, _preload_content=False).data)["items"]
@@ -356,17 +350,20 @@ class Controller:
 
         name = obj["metadata"]["name"]
         want = int((obj.get("spec") or {}).get("replicas", 1))
-        ready = [n for n in nodes.values() if _ready(n)]
+        own = {n: o for n, o in nodes.items() if pools.Pool.named(name, n)}
+        adopted = sorted(n for n, o in nodes.items() if n not in own and pools.kept_by_kwok(o))
+        ready = [n for n in own.values() if pools.ready(n)]
         gpus = 0
-        for n in ready:
+        for n in [*ready, *(nodes[a] for a in adopted if pools.ready(nodes[a]))]:
             if allocator == "dra" and pool is not None:
                 gpus += len(pool.healthy(n["metadata"]["name"]))
             else:
                 gpus += int(n.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu", 0))
-        racks = {pool.rack(i) for i, n in enumerate(pool.nodes) if n in nodes} - {None} if pool else set()
+        places = [*pool.nodes, *adopted] if pool else []
+        racks = {pool.rack(i) for i, n in enumerate(places) if n in nodes} - {None} if pool else set()
         if error is not None:
             condition = {"type": "Ready", "status": "False", "reason": error[0], "message": error[1]}
-        elif len(ready) == want and len(nodes) == want:
+        elif len(ready) == want and len(own) == want:
             condition = {"type": "Ready", "status": "True", "reason": "NodesReady", "message": f"{want} node(s) Ready"}
         else:
             condition = {
@@ -384,8 +381,9 @@ class Controller:
         )
         status = {
             "observedGeneration": generation,
-            "replicas": len(nodes),
+            "replicas": len(own),
             "readyReplicas": len(ready),
+            "adoptedNodes": len(adopted),
             "gpusPerNode": pool.gpus if pool else (obj.get("status") or {}).get("gpusPerNode"),
             "allocatableGPUs": gpus,
             "racks": len(racks),
@@ -439,7 +437,7 @@ class Controller:
             return custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw)
 
         def node_stream(**kw: Any) -> Any:
-            return core.list_node(label_selector=f"{pools.VIRTUAL_LABEL}=true", **kw)
+            return core.list_node(label_selector=pools.POOL_LABEL, **kw)  # every pool's nodes, whoever made them
 
         watches: list[tuple[Callable[..., Any], Callable[[Json], str | None], str]] = [
             (pool_stream, pool_name, "pools"),
@@ -485,14 +483,9 @@ class Controller:
             return None
 
 
-def _ready(node: Json) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in node.get("status", {}).get("conditions") or []
-    )
-
-
-def _digest(pool: pools.Pool, node: str) -> str:
-    """What ``node`` of ``pool`` is made from: the pool's facts (not its node count) and its faults."""
+def _digest(pool: pools.Pool, node: str, i: int) -> str:
+    """What ``node`` at place ``i`` of ``pool`` is made from: the pool's facts (not its node count),
+    the node's rack and its faults."""
     facts: list[Any] = [pool.labels, pool.per_gpu, pool.devices, pool.racked, pool.rack_gpus, pool.taints]
-    facts += [pool.owner, pool.dra, pool.faults.get(node, {})]
+    facts += [pool.owner, pool.dra, pool.faults.get(node, {}), pool.rack(i)]
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]

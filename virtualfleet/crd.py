@@ -147,6 +147,11 @@ STATUS: Json = {
         "observedGeneration": {"type": "integer"},
         "replicas": {"type": "integer", "description": "Nodes that exist."},
         "readyReplicas": {"type": "integer", "description": "Nodes Ready with their GPUs allocatable."},
+        "adoptedNodes": {
+            "type": "integer",
+            "description": "Nodes someone else made (a user, an autoscaler's KWOK provider) with the label "
+            "mokka.io/virtual-pool=<pool>, decorated by the pool; not among its replicas.",
+        },
         "gpusPerNode": {"type": "integer"},
         "allocatableGPUs": {"type": "integer"},
         "racks": {"type": "integer"},
@@ -186,6 +191,7 @@ COLUMNS = [
         "description": "GPUs allocatable over the pool's nodes",
     },
     {"name": "Racks", "type": "integer", "jsonPath": ".status.racks", "priority": 1},
+    {"name": "Adopted", "type": "integer", "jsonPath": ".status.adoptedNodes", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -37,26 +37,27 @@ from gpumodel import fleet
 from gpumodel import profile as profiles
 
 __all__ = [
-    "APPLICATION_XIDS",
     "KWOK_ANNOTATION",
     "POOL_LABEL",
+    "UNHEALTHY_ANNOTATION",
     "VIRTUAL_LABEL",
     "Pool",
     "VirtualSpec",
-    "fault_effect",
+    "kept_by_kwok",
     "node_body",
+    "ready",
     "real_nodes_affinity",
 ]
 
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 VIRTUAL_LABEL = "mokka.io/virtual"
 POOL_LABEL = "mokka.io/virtual-pool"
+# On a node with faults: its unhealthy GPUs and why ({"3": "Xid 79"}), as the node was made.
+UNHEALTHY_ANNOTATION = "mokka.io/unhealthy-gpus"
 MAX_VIRTUAL = 10000  # nodes over every pool of one cluster
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 # What a virtual node has besides its GPUs (KWOK's own default node size; the kubelet's pod limit).
 NODE_RESOURCES = {"cpu": "1k", "memory": "1Ti", "pods": "110"}
-# Xids NVIDIA's device plugin leaves healthy (application errors: its default skip list).
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 Json = dict[str, Any]
 
@@ -152,6 +153,16 @@ class Pool:
             labels[CLIQUE_LABEL] = f"{fleet.rack_cluster_uuid(rack)}.{clique}"
         return labels
 
+    def owns(self, node: str) -> bool:
+        return self.named(self.name, node)
+
+    @staticmethod
+    def named(pool: str, node: str) -> bool:
+        """Whether ``node`` is one of the names pool ``pool`` makes (``virtual-<pool>-<i>``), not a
+        node someone else made and labelled with the pool."""
+        head, _, index = node.rpartition("-")
+        return head == f"virtual-{pool}" and index.isdigit()
+
     def slice_devices(self, node: str) -> list[Json]:
         """The DRA devices of ``node``: the pool's, with this node's own GPU UUIDs, healthy ones only."""
         out = []
@@ -165,9 +176,10 @@ class Pool:
         return asdict(self)
 
 
-def node_body(pool: Pool, i: int) -> Json:
-    """Node ``i`` of ``pool`` as it is created (KWOK keeps its status from then on)."""
-    name = pool.nodes[i]
+def node_body(pool: Pool, i: int, name: str | None = None) -> Json:
+    """Node ``i`` of ``pool`` as it is created (KWOK keeps its status from then on); ``name``: a
+    node someone else made that the pool decorates at place ``i`` (its rack)."""
+    name = name or pool.nodes[i]
     labels = {
         **pool.node_labels(i),
         "kubernetes.io/hostname": name,
@@ -178,6 +190,8 @@ def node_body(pool: Pool, i: int) -> Json:
         POOL_LABEL: pool.name,
     }
     metadata: Json = {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1]}}
+    if bad := pool.faults.get(name):
+        metadata["annotations"][UNHEALTHY_ANNOTATION] = json.dumps(bad, sort_keys=True)
     if pool.owner is not None:
         metadata["ownerReferences"] = [pool.owner]
     return {
@@ -192,32 +206,22 @@ def node_body(pool: Pool, i: int) -> Json:
     }
 
 
+def ready(node: Json) -> bool:
+    """Whether Node object ``node`` is Ready."""
+    conditions = node.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def kept_by_kwok(node: Json) -> bool:
+    """Whether KWOK keeps Node object ``node`` (no kubelet reports its status)."""
+    return bool(node["metadata"].get("annotations", {}).get(KWOK_ANNOTATION[0]) == KWOK_ANNOTATION[1])
+
+
 def real_nodes_affinity() -> Json:
     """A pod's affinity keeping it off KWOK's nodes (``type=kwok``, :func:`node_body`), where it
     would only seem to run."""
     term = {"matchExpressions": [{"key": "type", "operator": "NotIn", "values": ["kwok"]}]}
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
-
-
-def fault_effect(kind: str, fields: Json) -> tuple[str, str]:
-    """What the device plugin makes of fault ``kind`` on a GPU: ``("unhealthy", why)``,
-    ``("healthy", "")`` (``clear``) or ``("unchanged", why)``. A ValueError: the fault shows nowhere
-    a virtual node has (it has no NVML)."""
-    if kind == "xid":
-        code = int(fields["code"])
-        if code in APPLICATION_XIDS:
-            return "unchanged", f"Xid {code} is an application error: the device plugin keeps the GPU healthy"
-        return "unhealthy", f"Xid {code}"
-    if kind == "lost":
-        return "unhealthy", "Xid 79 (GPU lost)"
-    if kind == "ecc" and int(fields.get("uncorrected") or 0) > 0:
-        return "unhealthy", "Xid 48 (double-bit ECC error)"
-    if kind == "clear":
-        return "healthy", ""
-    raise ValueError(
-        f"a virtual node has no NVML: {kind} changes nothing its API objects show "
-        "(virtual nodes take xid, lost, ecc --uncorrected and clear)"
-    )
 
 
 def profile_for(spec: VirtualSpec) -> profiles.Profile:

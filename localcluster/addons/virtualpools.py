@@ -1,25 +1,26 @@
-"""The cluster's virtual pools (:mod:`.virtual`) against its API server: each pool computed once
-from its staged profile, its nodes (and their ResourceSlices) created, counted, kept in step
-with faults, and summarised for ``status``. KWOK (:mod:`.kwok`), which
-:class:`VirtualPools` starts, does the rest.
+"""The cluster's virtual pools, made the way a user makes them on any cluster: the VirtualGPUPool
+API (:mod:`virtualfleet.crd`), Mokka's fleet controller (``mokka fleet-controller``, the chart's
+controller, run here as one of the cluster's processes) and one VirtualGPUPool per ``--virtual``
+pool; KWOK (:mod:`.kwok`) keeps the nodes Ready. Faults reach the nodes through the fault
+ConfigMap the controller watches (:func:`write_fault`), as the chart's do.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fetch.kube import binaries, versions
-from virtualfleet import pool as virtual
-from virtualfleet import template
-from virtualfleet.pool import Pool, VirtualSpec
+from gpumodel import profile as profiles
+from virtualfleet import crd
+from virtualfleet.pool import MAX_VIRTUAL, Pool, VirtualSpec, profile_for
 
 from ..errors import ClusterError, api_errors
-from ..nodewatch import NodeWatch, ready
 from ..processes import READY_TIMEOUT
 from . import kwok
 from .base import AddOn, Kit
@@ -27,11 +28,30 @@ from .base import AddOn, Kit
 if TYPE_CHECKING:
     from ..context import Context
 
-__all__ = ["VirtualPools", "apply_fault", "build", "create", "fault", "find", "pool_status", "pools", "watch"]
+__all__ = ["FAULTS", "NAMESPACE", "Made", "VirtualPools", "find", "pool_status", "pools", "read_fault", "write_fault"]
+
+NAMESPACE = "mokka-system"  # the pools' profile ConfigMaps and the fault ConfigMap
+FAULTS = "mokka-faults"  # the fault ConfigMap (one key per node, its value a scenario), as the chart's
+
+
+@dataclass(frozen=True)
+class Made:
+    """A pool as ``up`` asked for it (the controller makes its nodes; their facts are the API's)."""
+
+    name: str
+    spec: str
+    profile: str
+    product: str
+    gpus: int
+    count: int
+
+    @property
+    def nodes(self) -> list[str]:
+        return Pool.node_names(self.name, self.count)
 
 
 class VirtualPools(AddOn):
-    """The add-on: the pools computed, then KWOK (also for FGO's nodes) and every pool's nodes."""
+    """The add-on: KWOK (also for FGO's nodes), and with pools the API, the controller and the pools."""
 
     def __init__(self, specs: tuple[VirtualSpec, ...], mig_strategy: str, dra: bool, nfd: bool = False) -> None:
         self.specs = specs
@@ -40,182 +60,194 @@ class VirtualPools(AddOn):
         self.nfd = nfd  # the cluster runs NFD: its nodes carry NFD's PCI labels, the virtual ones too
 
     def up(self, ctx: Context, kit: Kit) -> None:
-        specs = self.specs
-        made: list[Pool] = []
-        if specs:
-            with ctx.step(f"virtual pools computed ({', '.join(map(str, specs))}): GFD's labels, GPUs"):
-                gfd = kit.bins["gpu-feature-discovery"]
-                made = [build(ctx, s, gfd, self.mig_strategy, self.nfd, self.dra) for s in specs]
-                ctx.state.virtual = [p.to_json() for p in made]
-                ctx.save()
-        total = sum(p.count for p in made)
-        with ctx.step(f"KWOK {versions.KWOK}: {total} virtual node(s) Ready with their GPUs"):
+        with ctx.step(f"KWOK {versions.KWOK}"):
             kwok.write_configuration(ctx.layout)
             argv = kwok.argv(kit.bins.kwok, ctx.layout, binaries.KWOK_STAGES)
             ctx.processes.spawn(ctx.processes.holder, "kwok", argv, ctx.layout.logs / "kwok.log")
+        if not self.specs:
+            return
+        made = [_made(s) for s in self.specs]
+        ctx.state.virtual = [asdict(m) for m in made]
+        ctx.save()
+        with ctx.step("the VirtualGPUPool API and Mokka's fleet controller"), api_errors("the VirtualGPUPool API"):
+            _install_api(ctx)
+            ctx.processes.spawn(
+                ctx.processes.holder,
+                "fleet-controller",
+                self._controller_argv(ctx, kit),
+                ctx.layout.logs / "fleet-controller.log",
+            )
+        total = sum(m.count for m in made)
+        with ctx.step(f"{total} virtual node(s) of {len(made)} pool(s) Ready with their GPUs"):
             t0 = time.monotonic()
-            with api_errors("virtual nodes"):
-                create(ctx, made, dra=self.dra)
+            with api_errors("the virtual pools"):
+                for spec in self.specs:
+                    _create_pool(ctx, spec, self.mig_strategy, self.dra)
+            ctx.wait(
+                f"{total} virtual nodes Ready (the fleet controller's log: {ctx.layout.logs / 'fleet-controller.log'})",
+                lambda: _all_ready(ctx, made),
+                timeout=max(READY_TIMEOUT, total * 0.1),
+                poll=0.5,
+            )
             ctx.state.timings["virtual nodes created"] = round(time.monotonic() - t0, 2)
-            ctx.wait(f"{total} virtual nodes Ready", watch(ctx, made).poll, timeout=max(READY_TIMEOUT, total * 0.1))
+
+    def _controller_argv(self, ctx: Context, kit: Kit) -> list[str]:
+        return [
+            sys.executable, "-m", "mokka.cli", "fleet-controller",
+            "--kubeconfig", str(ctx.layout.admin_kubeconfig),
+            "--gfd", str(kit.bins["gpu-feature-discovery"]),
+            "--workdir", str(ctx.layout.base / "fleet"),
+            "--nfd-labels" if self.nfd else "--no-nfd-labels",
+            "--no-leader-elect",
+            "--metrics-port", "0",
+            "--faults-configmap", f"{NAMESPACE}/{FAULTS}",
+        ]  # fmt: skip
 
 
-def pools(ctx: Context) -> list[Pool]:
-    """The cluster's virtual pools, as made at ``up`` (faults applied since)."""
-    return [Pool(**p) for p in ctx.state.virtual]
+def _made(spec: VirtualSpec) -> Made:
+    prof = profile_for(spec)
+    return Made(spec.pool, str(spec), prof.name, prof.gpu.name, prof.gpu_count, spec.count)
 
 
-def fault(ctx: Context, node: str, gpus: Sequence[int], reason: str | None) -> list[str]:
-    """GPUs of virtual node ``node`` unhealthy for ``reason`` (None: healthy again); a note per GPU."""
-    made = pools(ctx)
-    pool = find(made, node)
-    if pool is None:
-        raise ClusterError(f"no virtual node {node!r} in this cluster")
-    if bad := [i for i in gpus if not 0 <= i < pool.gpus]:
-        raise ClusterError(f"node {node} has GPUs 0-{pool.gpus - 1}, not {bad[0]}")
-    with api_errors(f"node {node}"):
-        notes = apply_fault(ctx, pool, node, gpus, reason)
-    ctx.state.virtual = [pool.to_json() if p.name == pool.name else p.to_json() for p in made]
-    ctx.save()
-    return notes
+def _apis(ctx: Context) -> Any:
+    api = ctx.apiserver.client()
+    api.configuration.connection_pool_maxsize = 4
+    return api
 
 
-def build(
-    ctx: Context, spec: VirtualSpec, gfd: Path, mig_strategy: str, with_nfd: bool = False, dra: bool = False
-) -> Pool:
-    """Pool ``spec`` from its template (:func:`virtualfleet.template.compute`: the profile staged,
-    labelled by NVIDIA's GFD, read through NVML); GFD's output in ``logs/template-<pool>/gfd.log``.
-    With ``with_nfd`` its nodes also carry the PCI labels NFD gives a real node of the profile."""
-    prof = virtual.profile_for(spec)
-    workdir = ctx.layout.node(f"template-{spec.pool}", 0).base
-    try:
-        made = template.compute(prof, spec.pool, gfd, workdir, mig_strategy, with_nfd)
-    except template.TemplateError as exc:
-        raise ClusterError(str(exc)) from None
-    finally:
-        logs = ctx.layout.logs / f"template-{spec.pool}"
-        if (workdir / "gfd.log").exists():
-            logs.mkdir(parents=True, exist_ok=True)
-            shutil.move(workdir / "gfd.log", logs / "gfd.log")
-        shutil.rmtree(workdir, ignore_errors=True)
-    return Pool(
-        name=spec.pool,
-        spec=str(spec),
-        profile=prof.name,
-        product=prof.gpu.name,
-        gpus=prof.gpu_count,
-        count=spec.count,
-        labels=made.labels,
-        per_gpu=made.per_gpu,
-        devices=made.devices,
-        racked=made.racked,
-        dra=dra,
+def _install_api(ctx: Context) -> None:
+    """The VirtualGPUPool definition, Established; the namespace of the pools' ConfigMaps."""
+    from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
+
+    api = _apis(ctx)
+    client.ApiextensionsV1Api(api).create_custom_resource_definition(
+        crd.definition(MAX_VIRTUAL), _preload_content=False
+    )
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}}, _preload_content=False)
+
+    def established() -> bool:
+        raw = client.ApiextensionsV1Api(api).read_custom_resource_definition(crd.NAME, _preload_content=False)
+        conditions = json.loads(raw.data).get("status", {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    ctx.wait("the VirtualGPUPool API established", established, timeout=60, poll=0.2)
+
+
+def _create_pool(ctx: Context, spec: VirtualSpec, mig_strategy: str, dra: bool) -> None:
+    """Pool ``spec`` as a VirtualGPUPool; a profile file goes to a ConfigMap of its own."""
+    from kubernetes import client
+
+    api = _apis(ctx)
+    body: dict[str, Any] = {"replicas": spec.count, "migStrategy": mig_strategy}
+    if spec.profile in profiles.builtin_names():
+        body["profile"] = spec.profile
+    else:
+        name = f"profile-{spec.pool}"
+        data = {"profile.yaml": Path(spec.profile).read_text()}  # a profile file (load() read it already)
+        client.CoreV1Api(api).create_namespaced_config_map(
+            NAMESPACE, {"metadata": {"name": name}, "data": data}, _preload_content=False
+        )
+        body["profileConfigMap"] = {"name": name, "namespace": NAMESPACE}
+    if spec.gpus:
+        body["gpusPerNode"] = spec.gpus
+    if dra:
+        body["allocator"] = "dra"
+    obj = {"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND, "metadata": {"name": spec.pool}, "spec": body}
+    client.CustomObjectsApi(api).create_cluster_custom_object(
+        crd.GROUP, crd.VERSION, crd.PLURAL, obj, _preload_content=False
     )
 
 
-def _apis(ctx: Context) -> tuple[Any, Any]:
-    from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
+def _pool_objects(ctx: Context) -> dict[str, dict[str, Any]]:
+    from kubernetes import client
 
-    api = ctx.apiserver.client()
-    api.configuration.connection_pool_maxsize = 16
-    return client.CoreV1Api(api), client.ResourceV1Api(api)
-
-
-def create(ctx: Context, pools: Sequence[Pool], dra: bool) -> None:
-    """Every pool's nodes (and with ``dra`` each node's ResourceSlice, owned by the node)."""
-    from k8snode.dra import resources
-
-    core, resource = _apis(ctx)
-
-    def make(item: tuple[Pool, int]) -> None:
-        pool, i = item
-        created = json.loads(core.create_node(virtual.node_body(pool, i), _preload_content=False).data)
-        if dra:
-            node = pool.nodes[i]
-            body = resources.slice_of(pool.slice_devices(node), node, owner_uid=created["metadata"]["uid"])
-            resource.create_resource_slice(body, _preload_content=False)
-
-    virtual.parallel(make, [(p, i) for p in pools for i in range(p.count)])
+    raw = client.CustomObjectsApi(_apis(ctx)).list_cluster_custom_object(
+        crd.GROUP, crd.VERSION, crd.PLURAL, _preload_content=False
+    )
+    return {o["metadata"]["name"]: o for o in json.loads(raw.data).get("items") or []}
 
 
-def _virtual_nodes(ctx: Context) -> list[dict[str, Any]]:
-    core, _ = _apis(ctx)
-    # From the API server's watch cache (resourceVersion 0): no read of etcd for thousands of nodes.
-    found = core.list_node(label_selector=f"{virtual.VIRTUAL_LABEL}=true", resource_version="0", _preload_content=False)
-    return list(json.loads(found.data).get("items") or [])
+def _all_ready(ctx: Context, made: Sequence[Made]) -> bool:
+    objects = _pool_objects(ctx)
+    for m in made:
+        status = (objects.get(m.name) or {}).get("status") or {}
+        conditions = status.get("conditions") or []
+        failed = [c for c in conditions if c.get("reason") not in (None, "NodesReady", "NodesNotReady")]
+        if failed:
+            raise ClusterError(f"virtual pool {m.name}: {failed[0]['reason']}: {failed[0].get('message', '')}")
+        if status.get("readyReplicas") != m.count or status.get("replicas") != m.count:
+            return False
+    return True
 
 
-def watch(ctx: Context, pools: Sequence[Pool]) -> NodeWatch:
-    """A watch that is done once every virtual node is Ready with its GPUs allocatable."""
-    want = {n: p.resources(n, allocatable=True) for p in pools for n in p.nodes}
-
-    def done(node: dict[str, Any]) -> bool:
-        allocatable = node.get("status", {}).get("allocatable", {})
-        resources = want[node["metadata"]["name"]]
-        return ready(node) and all(allocatable.get(k) == v for k, v in resources.items())
-
-    return NodeWatch(ctx.apiserver, f"{virtual.VIRTUAL_LABEL}=true", want, done)
+def pools(ctx: Context) -> list[Made]:
+    """The cluster's virtual pools, as ``up`` asked for them."""
+    return [Made(**p) for p in ctx.state.virtual]
 
 
-def pool_status(ctx: Context, pools: Sequence[Pool]) -> list[dict[str, Any]]:
-    """Per pool: nodes, Ready, GPUs (capacity) and allocatable GPUs, as the API server has them."""
-    by_pool: dict[str, list[dict[str, Any]]] = {}
-    for item in _virtual_nodes(ctx):
-        by_pool.setdefault(item["metadata"].get("labels", {}).get(virtual.POOL_LABEL, ""), []).append(item)
+def find(made: Sequence[Made], node: str) -> Made | None:
+    return next((p for p in made if node in set(p.nodes)), None)
+
+
+def pool_status(ctx: Context, made: Sequence[Made]) -> list[dict[str, Any]]:
+    """Per pool, from its VirtualGPUPool's status: nodes, Ready, GPUs and allocatable GPUs."""
+    objects = _pool_objects(ctx)
     out = []
-    for p in pools:
-        items = by_pool.get(p.name, [])
+    for p in made:
+        status = (objects.get(p.name) or {}).get("status") or {}
+        nodes = int(status.get("replicas", 0))
         out.append(
             {
                 "pool": p.name,
                 "spec": p.spec,
                 "product": p.product,
-                "nodes": len(items),
+                "nodes": nodes,
                 "wanted": p.count,
-                "ready": sum(1 for i in items if ready(i)),
-                "gpus": sum(int(i["status"].get("capacity", {}).get("nvidia.com/gpu", 0)) for i in items),
-                "allocatable_gpus": sum(
-                    int(i["status"].get("allocatable", {}).get("nvidia.com/gpu", 0)) for i in items
-                ),
-                "unhealthy_gpus": sum(len(f) for f in p.faults.values()),
+                "ready": int(status.get("readyReplicas", 0)),
+                "gpus": nodes * int(status.get("gpusPerNode", p.gpus)),
+                "allocatable_gpus": int(status.get("allocatableGPUs", 0)),
             }
         )
     return out
 
 
-def find(pools: Sequence[Pool], node: str) -> Pool | None:
-    return next((p for p in pools if node in set(p.nodes)), None)
+def read_fault(ctx: Context, node: str) -> str | None:
+    """Virtual node ``node``'s entry in the fault ConfigMap (a scenario's text), or None."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException  # type: ignore[import-untyped, unused-ignore]
+
+    try:
+        cm = client.CoreV1Api(_apis(ctx)).read_namespaced_config_map(FAULTS, NAMESPACE)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return (cm.data or {}).get(node)
 
 
-def apply_fault(ctx: Context, pool: Pool, node: str, gpus: Sequence[int], reason: str | None) -> list[str]:
-    """GPUs ``gpus`` of virtual node ``node`` unhealthy for ``reason`` (None: healthy again), shown as
-    the device plugin (allocatable) or the DRA driver (the ResourceSlice) would show it; one note
-    per GPU. The caller saves the cluster's state."""
-    from k8snode.dra import resources
+def write_fault(ctx: Context, node: str, entry: str | None, unhealthy: dict[str, str]) -> None:
+    """Node ``node``'s fault entry set (None: removed); returns once the controller has remade the
+    node with ``unhealthy`` (GPU index -> why), or raises a ClusterError naming what it waited for."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
 
-    bad = pool.faults.setdefault(node, {})
-    notes = []
-    for i in gpus:
-        if reason is None:
-            was = bad.pop(str(i), None)
-            notes.append(f"GPU {i}: healthy again" if was else f"GPU {i}: healthy")
-        else:
-            bad.setdefault(str(i), reason)
-            notes.append(f"GPU {i}: unhealthy ({bad[str(i)]})")
-    if not bad:
-        pool.faults.pop(node, None)
-    allocator = ctx.options.get("allocator")
-    core, resource = _apis(ctx)
-    if allocator == "device-plugin":
-        body = {"status": {"allocatable": pool.resources(node, allocatable=True)}}
-        core.patch_node_status(node, body, _preload_content=False)
-    elif allocator == "dra":
-        selector = f"spec.nodeName={node},spec.driver={resources.DEFAULT_DRIVER}"
-        items = json.loads(resource.list_resource_slice(field_selector=selector, _preload_content=False).data)["items"]
-        for item in items:
-            generation = int(item["spec"]["pool"].get("generation", 1)) + 1
-            owner = (item["metadata"].get("ownerReferences") or [{}])[0].get("uid")
-            body = resources.slice_of(pool.slice_devices(node), node, generation=generation, owner_uid=owner)
-            body["metadata"] = item["metadata"]
-            resource.replace_resource_slice(item["metadata"]["name"], body, _preload_content=False)
-    return notes
+    from virtualfleet.pool import UNHEALTHY_ANNOTATION
+
+    core = client.CoreV1Api(_apis(ctx))
+    with api_errors(f"the fault ConfigMap {NAMESPACE}/{FAULTS}"):
+        try:
+            core.patch_namespaced_config_map(FAULTS, NAMESPACE, {"data": {node: entry}}, _preload_content=False)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            if entry is not None:  # the first entry makes the ConfigMap
+                body = {"metadata": {"name": FAULTS}, "data": {node: entry}}
+                core.create_namespaced_config_map(NAMESPACE, body, _preload_content=False)
+    want = json.dumps(unhealthy, sort_keys=True) if unhealthy else None
+
+    def applied() -> bool:
+        raw = json.loads(core.read_node(node, _preload_content=False).data)
+        return bool(raw["metadata"].get("annotations", {}).get(UNHEALTHY_ANNOTATION) == want)
+
+    with api_errors(f"node {node}"):
+        ctx.wait(f"the fleet controller to remake node {node} with its faults", applied, timeout=60, poll=0.2)

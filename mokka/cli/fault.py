@@ -75,27 +75,22 @@ def _virtual_cluster(node: str, cluster_dir: Path) -> Any:
 
 
 def _virtual_fault(c: Any, node: str, gpu: str | None, kind: str, fields: dict[str, Any]) -> None:
-    """Fault ``kind`` on virtual node ``node``: its GPUs healthy or not, as the device plugin reports them."""
-    from gpumodel import faults, fleet
-    from localcluster.addons.virtualpools import fault, find
+    """Fault ``kind`` on virtual node ``node``: a step added to its entry in the cluster's fault
+    ConfigMap, which the fleet controller shows as the device plugin would; returns once it has."""
+    import yaml
+
+    from gpumodel import faults, scenario
+    from localcluster.addons.virtualpools import find, read_fault, write_fault
     from localcluster.cluster import ClusterError
-    from virtualfleet.pool import fault_effect
+    from virtualfleet.faults import fault_effect, node_gpus, unhealthy_of
 
     pool = find(c.pools, node)
     assert pool is not None
-    # The node's GPUs as a real node's state would list them, chosen as on a real node.
-    available = []
-    for i in range(pool.gpus):
-        uuid, serial = fleet.gpu_identity(pool.profile, node, i)
-        available.append(faults.Gpu(slot=i, index=i, uuid=uuid, bus_id="", serial=serial, name=pool.product))
+    available = node_gpus(pool.profile, pool.product, pool.gpus, node)  # chosen as on a real node
     try:
         indices = [g.index for g in faults.select(available, gpu)]
-    except faults.FaultError as exc:
-        fail(f"{exc}, --node {node}")
-        return
-    try:
         effect, why = fault_effect(kind, fields)
-    except ValueError as exc:
+    except (faults.FaultError, ValueError) as exc:
         fail(f"{exc}, --node {node}")
         return
     if effect == "unchanged":
@@ -103,12 +98,27 @@ def _virtual_fault(c: Any, node: str, gpu: str | None, kind: str, fields: dict[s
             click.echo(f"GPU {i}: {why}")
         return
     try:
-        notes = fault(c, node, indices, why if effect == "unhealthy" else None)
+        old = read_fault(c, node)
+        before = unhealthy_of(old, available, f"fault entry {node}") if old else {}
+        steps = (yaml.safe_load(old) or {}).get("steps", []) if old else []
+        value = {k: v for k, v in fields.items() if k != "kind" and v is not None}
+        steps.append({"gpu": indices, kind: value})
+        entry: str | None = yaml.safe_dump({"name": f"mokka fault on {node}", "steps": steps}, sort_keys=False)
+        assert entry is not None
+        after = unhealthy_of(entry, available, f"fault entry {node}")
+        write_fault(c, node, entry if after else None, after)
     except ClusterError as exc:
         fail(f"{exc}, --node {node} --cluster-dir {c.layout.base}")
         return
-    for line in notes:
-        click.echo(line)
+    except (scenario.ScenarioError, faults.FaultError, ValueError, AttributeError, yaml.YAMLError) as exc:
+        # an entry someone else wrote that is not a scenario: say so, change nothing
+        fail(f"{str(exc).splitlines()[0]}; fix or remove it (kubectl edit configmap), --node {node}")
+        return
+    for i in indices:
+        if effect == "unhealthy":
+            click.echo(f"GPU {i}: unhealthy ({after[str(i)]})")
+        else:
+            click.echo(f"GPU {i}: healthy again" if str(i) in before else f"GPU {i}: healthy")
 
 
 def where_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -371,10 +381,14 @@ def list_(
     from gpumodel import faults
 
     if node is not None and (virtual_cluster := _virtual_cluster(node, cluster_dir)) is not None:
-        from localcluster.addons.virtualpools import find
+        from localcluster.addons.virtualpools import find, read_fault
+        from virtualfleet.faults import node_gpus, unhealthy_of
 
         pool = find(virtual_cluster.pools, node)
-        bad = pool.faults.get(node, {}) if pool else {}
+        assert pool is not None
+        entry = read_fault(virtual_cluster, node)
+        gpus = node_gpus(pool.profile, pool.product, pool.gpus, node)
+        bad = unhealthy_of(entry, gpus, f"fault entry {node}") if entry else {}
         click.echo(
             "\n".join(f"GPU {i}:\n  unhealthy: {why}" for i, why in sorted(bad.items(), key=lambda kv: int(kv[0])))
             or "no faults in effect"
