@@ -233,11 +233,10 @@ class Controller:
             return
         existing = self._nodes(name)
         # Nodes someone else made (a user, an autoscaler's KWOK provider) and labelled with the pool:
-        # decorated at the places after the pool's own, never deleted. Only KWOK's nodes: a
-        # kubelet's node keeps what its kubelet reports.
-        adopted = sorted(n for n, o in existing.items() if not pool.owns(n) and pools.kept_by_kwok(o))
-        pool.faults = self.faults_of(pool, [*pool.nodes, *adopted])
+        # decorated at the places after the pool's own, never deleted.
+        own, adopted = pools.split(name, existing)
         places = [*pool.nodes, *adopted]
+        pool.faults = self.faults_of(pool, places)
         digests = {n: _digest(pool, n, i) for i, n in enumerate(places)}
         wanted = set(pool.nodes)
         make = [i for i, n in enumerate(pool.nodes) if n not in existing]
@@ -246,7 +245,7 @@ class Controller:
             for i, n in enumerate(places)
             if n in existing and existing[n]["metadata"].get("annotations", {}).get(DIGEST_ANNOTATION) != digests[n]
         ]
-        surplus = [n for n in existing if pool.owns(n) and n not in wanted]
+        surplus = [n for n in own if n not in wanted]
         if make or renew or surplus:
             log.info("pool %s: nodes to make %d, to renew %d, to delete %d", name, len(make), len(renew), len(surplus))
         dra, workers = allocator == "dra", self.settings.workers
@@ -350,8 +349,7 @@ class Controller:
 
         name = obj["metadata"]["name"]
         want = int((obj.get("spec") or {}).get("replicas", 1))
-        own = {n: o for n, o in nodes.items() if pools.Pool.named(name, n)}
-        adopted = sorted(n for n, o in nodes.items() if n not in own and pools.kept_by_kwok(o))
+        own, adopted = pools.split(name, nodes)
         ready = [n for n in own.values() if pools.ready(n)]
         gpus = 0
         for n in [*ready, *(nodes[a] for a in adopted if pools.ready(nodes[a]))]:

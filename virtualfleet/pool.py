@@ -47,6 +47,7 @@ __all__ = [
     "node_body",
     "ready",
     "real_nodes_affinity",
+    "split",
 ]
 
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
@@ -215,6 +216,14 @@ def ready(node: Json) -> bool:
 def kept_by_kwok(node: Json) -> bool:
     """Whether KWOK keeps Node object ``node`` (no kubelet reports its status)."""
     return bool(node["metadata"].get("annotations", {}).get(KWOK_ANNOTATION[0]) == KWOK_ANNOTATION[1])
+
+
+def split(pool: str, nodes: dict[str, Json]) -> tuple[dict[str, Json], list[str]]:
+    """Pool ``pool``'s ``nodes`` (its label's): those it made, by name, and the names of the KWOK
+    nodes someone else made that it decorates, sorted (a kubelet's node keeps what its kubelet
+    reports)."""
+    own = {n: o for n, o in nodes.items() if Pool.named(pool, n)}
+    return own, sorted(n for n, o in nodes.items() if n not in own and kept_by_kwok(o))
 
 
 def real_nodes_affinity() -> Json:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from fetch.kube import binaries, versions
 from gpumodel import profile as profiles
-from virtualfleet import crd
+from virtualfleet import crd, faults
 from virtualfleet.pool import MAX_VIRTUAL, Pool, VirtualSpec, profile_for
 
 from ..errors import ClusterError, api_errors
@@ -69,8 +69,9 @@ class VirtualPools(AddOn):
         made = [_made(s) for s in self.specs]
         ctx.state.virtual = [asdict(m) for m in made]
         ctx.save()
+        api = _apis(ctx)  # one client (and its connections) for the whole step
         with ctx.step("the VirtualGPUPool API and Mokka's fleet controller"), api_errors("the VirtualGPUPool API"):
-            _install_api(ctx)
+            _install_api(ctx, api)
             ctx.processes.spawn(
                 ctx.processes.holder,
                 "fleet-controller",
@@ -82,10 +83,10 @@ class VirtualPools(AddOn):
             t0 = time.monotonic()
             with api_errors("the virtual pools"):
                 for spec in self.specs:
-                    _create_pool(ctx, spec, self.mig_strategy, self.dra)
+                    _create_pool(api, spec, self.mig_strategy, self.dra)
             ctx.wait(
                 f"{total} virtual nodes Ready (the fleet controller's log: {ctx.layout.logs / 'fleet-controller.log'})",
-                lambda: _all_ready(ctx, made),
+                lambda: _all_ready(api, made),
                 timeout=max(READY_TIMEOUT, total * 0.1),
                 poll=0.5,
             )
@@ -115,11 +116,10 @@ def _apis(ctx: Context) -> Any:
     return api
 
 
-def _install_api(ctx: Context) -> None:
+def _install_api(ctx: Context, api: Any) -> None:
     """The VirtualGPUPool definition, Established; the namespace of the pools' ConfigMaps."""
     from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
 
-    api = _apis(ctx)
     client.ApiextensionsV1Api(api).create_custom_resource_definition(
         crd.definition(MAX_VIRTUAL), _preload_content=False
     )
@@ -133,11 +133,10 @@ def _install_api(ctx: Context) -> None:
     ctx.wait("the VirtualGPUPool API established", established, timeout=60, poll=0.2)
 
 
-def _create_pool(ctx: Context, spec: VirtualSpec, mig_strategy: str, dra: bool) -> None:
+def _create_pool(api: Any, spec: VirtualSpec, mig_strategy: str, dra: bool) -> None:
     """Pool ``spec`` as a VirtualGPUPool; a profile file goes to a ConfigMap of its own."""
     from kubernetes import client
 
-    api = _apis(ctx)
     body: dict[str, Any] = {"replicas": spec.count, "migStrategy": mig_strategy}
     if spec.profile in profiles.builtin_names():
         body["profile"] = spec.profile
@@ -158,17 +157,17 @@ def _create_pool(ctx: Context, spec: VirtualSpec, mig_strategy: str, dra: bool) 
     )
 
 
-def _pool_objects(ctx: Context) -> dict[str, dict[str, Any]]:
+def _pool_objects(api: Any) -> dict[str, dict[str, Any]]:
     from kubernetes import client
 
-    raw = client.CustomObjectsApi(_apis(ctx)).list_cluster_custom_object(
+    raw = client.CustomObjectsApi(api).list_cluster_custom_object(
         crd.GROUP, crd.VERSION, crd.PLURAL, _preload_content=False
     )
     return {o["metadata"]["name"]: o for o in json.loads(raw.data).get("items") or []}
 
 
-def _all_ready(ctx: Context, made: Sequence[Made]) -> bool:
-    objects = _pool_objects(ctx)
+def _all_ready(api: Any, made: Sequence[Made]) -> bool:
+    objects = _pool_objects(api)
     for m in made:
         status = (objects.get(m.name) or {}).get("status") or {}
         conditions = status.get("conditions") or []
@@ -191,7 +190,7 @@ def find(made: Sequence[Made], node: str) -> Made | None:
 
 def pool_status(ctx: Context, made: Sequence[Made]) -> list[dict[str, Any]]:
     """Per pool, from its VirtualGPUPool's status: nodes, Ready, GPUs and allocatable GPUs."""
-    objects = _pool_objects(ctx)
+    objects = _pool_objects(_apis(ctx))
     out = []
     for p in made:
         status = (objects.get(p.name) or {}).get("status") or {}
@@ -213,16 +212,9 @@ def pool_status(ctx: Context, made: Sequence[Made]) -> list[dict[str, Any]]:
 
 def read_fault(ctx: Context, node: str) -> str | None:
     """Virtual node ``node``'s entry in the fault ConfigMap (a scenario's text), or None."""
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException  # type: ignore[import-untyped, unused-ignore]
+    from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
 
-    try:
-        cm = client.CoreV1Api(_apis(ctx)).read_namespaced_config_map(FAULTS, NAMESPACE)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return (cm.data or {}).get(node)
+    return faults.read_entries(client.CoreV1Api(_apis(ctx)), NAMESPACE, FAULTS).get(node)
 
 
 def write_fault(ctx: Context, node: str, entry: str | None, unhealthy: dict[str, str]) -> None:

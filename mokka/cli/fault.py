@@ -103,8 +103,7 @@ def _virtual_fault(c: Any, node: str, gpu: str | None, kind: str, fields: dict[s
         steps = (yaml.safe_load(old) or {}).get("steps", []) if old else []
         value = {k: v for k, v in fields.items() if k != "kind" and v is not None}
         steps.append({"gpu": indices, kind: value})
-        entry: str | None = yaml.safe_dump({"name": f"mokka fault on {node}", "steps": steps}, sort_keys=False)
-        assert entry is not None
+        entry = yaml.safe_dump({"name": f"mokka fault on {node}", "steps": steps}, sort_keys=False)
         after = unhealthy_of(entry, available, f"fault entry {node}")
         write_fault(c, node, entry if after else None, after)
     except ClusterError as exc:
@@ -381,6 +380,7 @@ def list_(
     from gpumodel import faults
 
     if node is not None and (virtual_cluster := _virtual_cluster(node, cluster_dir)) is not None:
+        from gpumodel import scenario
         from localcluster.addons.virtualpools import find, read_fault
         from virtualfleet.faults import node_gpus, unhealthy_of
 
@@ -388,7 +388,10 @@ def list_(
         assert pool is not None
         entry = read_fault(virtual_cluster, node)
         gpus = node_gpus(pool.profile, pool.product, pool.gpus, node)
-        bad = unhealthy_of(entry, gpus, f"fault entry {node}") if entry else {}
+        try:
+            bad = unhealthy_of(entry, gpus, f"fault entry {node}") if entry else {}
+        except (scenario.ScenarioError, faults.FaultError, ValueError) as exc:
+            fail(f"{str(exc).splitlines()[0]}; fix or remove it (kubectl edit configmap), --node {node}")
         click.echo(
             "\n".join(f"GPU {i}:\n  unhealthy: {why}" for i, why in sorted(bad.items(), key=lambda kv: int(kv[0])))
             or "no faults in effect"
