@@ -405,10 +405,50 @@ def _apply_one(c: _Context, fault: Any) -> None:
             g.nvlink_active_mask |= bit
             g.faults.nvlink_down &= ~bit
             c.notes.append(f"link {fault.link} up")
+    elif isinstance(fault, fs.Fabric):
+        _fabric(c, fault.state)
     elif isinstance(fault, fs.Clear):
         _clear(c, fault.all)
     else:  # pragma: no cover - the model admits no other kind
         raise FaultError(f"unknown fault {fault!r}")
+
+
+def _fabric(c: _Context, wanted: str) -> None:
+    """The fabric probe and health mask as fault ``wanted`` says, the profile's kept to restore."""
+    g, f = c.g, c.g.faults
+    held = bool(f.misc & state.const("MOKKA_FAULT_FABRIC"))
+    if wanted == "healthy":
+        if not held:
+            c.notes.append("fabric is the profile's: nothing to restore")
+            return
+        _restore_fabric(c)
+        c.notes.append("fabric healthy")
+        return
+    if not held:
+        if int(g.fabric_state) == state.FABRIC_STATES["Not Supported"]:
+            raise FaultError(f"GPU {c.gpu.index} has no NVLink fabric (fabric state Not Supported), fabric")
+        f.saved_fabric = int(g.fabric_state) | int(g.fabric_health) << 8
+        f.misc |= state.const("MOKKA_FAULT_FABRIC")
+    saved_state, saved_health = int(f.saved_fabric) & 0xFF, int(f.saved_fabric) >> 8
+    if wanted == "degraded":
+        if saved_health == 0:
+            _restore_fabric(c)
+            raise FaultError(
+                f"GPU {c.gpu.index} reports no fabric health (the profile's fabric has no degraded_bandwidth), fabric"
+            )
+        g.fabric_state, g.fabric_health = saved_state, state.FABRIC_BW_DEGRADED
+        c.notes.append("fabric bandwidth degraded")
+    else:
+        g.fabric_state, g.fabric_health = state.FABRIC_STATES["In Progress"], saved_health
+        c.notes.append("fabric probe In Progress")
+
+
+def _restore_fabric(c: _Context) -> None:
+    f = c.g.faults
+    if f.misc & state.const("MOKKA_FAULT_FABRIC"):
+        c.g.fabric_state, c.g.fabric_health = int(f.saved_fabric) & 0xFF, int(f.saved_fabric) >> 8
+        f.misc &= ~state.const("MOKKA_FAULT_FABRIC")
+        f.saved_fabric = 0
 
 
 def _clear(c: _Context, everything: bool) -> None:
@@ -420,6 +460,7 @@ def _clear(c: _Context, everything: bool) -> None:
         f.misc &= ~state.const("MOKKA_FAULT_POWER_LIMIT")
     g.nvlink_active_mask |= f.nvlink_down
     f.nvlink_down = 0
+    _restore_fabric(c)
     for link in range(state.const("MOKKA_MAX_NVLINKS")):
         for k in range(state.const("MOKKA_NVLINK_COUNTERS")):
             f.nvlink_errors[link][k] = 0
@@ -558,6 +599,9 @@ def active(target: Target) -> dict[int, list[str]]:
                     lines.append(_describe_override(name, ft.override[m.index]))
             if ft.misc & state.const("MOKKA_FAULT_POWER_LIMIT"):
                 lines.append(f"power limit {int(g.power_limit) / 1000:g} W")
+            if ft.misc & state.const("MOKKA_FAULT_FABRIC"):
+                probe = int(g.fabric_state) == state.FABRIC_STATES["In Progress"]
+                lines.append("fabric probe In Progress" if probe else "fabric bandwidth degraded")
             for link in range(int(g.nvlink_count)):
                 if ft.nvlink_down >> link & 1:
                     lines.append(f"NVLink {link} down")

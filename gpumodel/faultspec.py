@@ -176,6 +176,16 @@ class NvLinkErrors(_Fault):
         return self
 
 
+class Fabric(_Fault):
+    """The GPU's NVLink fabric as the fabric manager reports it: ``degraded`` (its health mask says
+    bandwidth degraded, as after an NVSwitch failure; the probe stays Completed, so GFD keeps the
+    clique), ``in-progress`` (the probe reads In Progress, as while the rack's fabric manager trains
+    the fabric again; GFD gives no clique label) or ``healthy`` (the profile's again)."""
+
+    kind: Literal["fabric"] = "fabric"
+    state: Literal["degraded", "in-progress", "healthy"]
+
+
 class Clear(_Fault):
     """Undo faults: everything a GPU reset undoes; with ``all`` also the persistent record."""
 
@@ -196,6 +206,7 @@ Fault = Annotated[
     | Clocks
     | NvLink
     | NvLinkErrors
+    | Fabric
     | Clear,
     Field(discriminator="kind"),
 ]
@@ -212,5 +223,6 @@ KINDS = (
     "clocks",
     "nvlink",
     "nvlink-errors",
+    "fabric",
     "clear",
 )

@@ -24,9 +24,9 @@ A scenario is YAML, validated like a profile (each problem named with file and f
 
 Each step names one fault, by the kind `mokka fault` uses (``xid``, ``lost``, ``ecc``,
 ``remap``, ``retire``, ``temperature``, ``power``, ``power-limit``, ``utilization``,
-``clocks``, ``nvlink``, ``nvlink-errors``, ``clear``), with the same fields
+``clocks``, ``nvlink``, ``nvlink-errors``, ``fabric``, ``clear``), with the same fields
 (:mod:`gpumodel.faultspec`); a scalar stands for the kind's main value (``xid: 79``,
-``temperature: 90``, ``lost: true``). ``to`` names the main value of a ramp and ``over``
+``temperature: 90``, ``fabric: in-progress``, ``lost: true``). ``to`` names the main value of a ramp and ``over``
 its duration. Durations: ``90``, ``1.5s``, ``500ms``, ``2m``, ``1h``, ``2m30s``.
 
 The timeline is expanded once, before anything is applied (random GPUs and jitter drawn
@@ -63,6 +63,7 @@ MAIN_FIELD = {
     "power-limit": "watts",
     "utilization": "gpu",
     "clocks": "sm",
+    "fabric": "state",
 }
 FLAGS = {"lost", "clear"}  # `lost: true`, `clear: true`
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?(?:(\d+(?:\.\d+)?)ms)?$")

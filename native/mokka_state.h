@@ -169,6 +169,7 @@ typedef struct {
 /* Bits of mokka_faults_t.misc. */
 #define MOKKA_FAULT_LOGGED 1         /* the kernel log has this GPU's once-per-load UUID lines */
 #define MOKKA_FAULT_POWER_LIMIT 2    /* a power-limit fault holds: saved_*_limit are the profile's */
+#define MOKKA_FAULT_FABRIC 4         /* a fabric fault holds: saved_fabric is the profile's */
 
 typedef struct {
     uint32_t pid;
@@ -202,7 +203,7 @@ typedef struct {
     uint32_t retired_added[2];  /* pages added: single-bit, double-bit */
     uint32_t histogram_moved[5];  /* banks moved into each histogram bucket (out of `max`) */
     uint32_t misc;              /* MOKKA_FAULT_* */
-    uint32_t pad;
+    uint32_t saved_fabric;      /* while a fabric fault holds: fabric_state | fabric_health << 8 */
     uint64_t ecc_added[2][2][MOKKA_ECC_LOCATIONS];  /* as ecc_counts */
     uint64_t nvlink_errors[MOKKA_MAX_NVLINKS][MOKKA_NVLINK_COUNTERS];
 } mokka_faults_t;

@@ -271,6 +271,55 @@ def test_a_fault_takes_the_gpu_out_of_a_dra_nodes_slice(fleet: Cluster) -> None:
         set_faults(fleet, {node: None})
 
 
+def health(node: dict[str, Any]) -> tuple[str | None, str, str]:
+    """A node's clique label and its AcceleratedHardwareReady condition's status and reason."""
+    cond = next(c for c in node["status"]["conditions"] if c["type"] == "AcceleratedHardwareReady")
+    return node["metadata"]["labels"].get("nvidia.com/gpu.clique"), cond["status"], cond["reason"]
+
+
+def test_a_rack_marked_down_and_what_the_device_plugin_does_not_watch(fleet: Cluster) -> None:
+    """The fault ConfigMap's key naming a rack reaches each node of it: their fabric probes In
+    Progress take the clique label away (as GFD gives none) and set AcceleratedHardwareReady False as
+    the EKS node monitoring agent would; an NVLink down sets it False on its node alone, its GPU still
+    allocatable (the device plugin does not watch NVLink); removing the entries restores both."""
+    apply_pool(fleet, "rackfault", profile="gb200", rackSize=8, replicas=4)  # 2 nodes a rack
+    settled(fleet, "rackfault", 4)
+    names = [f"virtual-rackfault-{i}" for i in range(4)]
+    before = nodes(fleet, f"{POOL_LABEL}=rackfault")
+    racks = [before[n]["metadata"]["labels"]["mokka.io/rack"] for n in names]
+    assert racks[0] == racks[1] != racks[2] == racks[3]
+    ready_ = ("True", "NvidiaAcceleratedHardwareIsReady")
+    assert all(health(before[n])[1:] == ready_ and health(before[n])[0] for n in names)
+    entries: dict[str, str | None] = {
+        racks[0]: "steps: [{fabric: {state: in-progress}}]",
+        names[3]: "steps: [{gpu: 0, nvlink: {link: 1, state: down}}]",
+    }
+    try:
+        set_faults(fleet, entries)
+
+        def shown() -> dict[str, tuple[str | None, str, str]] | None:
+            now = {n: health(o) for n, o in nodes(fleet, f"{POOL_LABEL}=rackfault").items()}
+            return now if now[names[0]][1] == "False" and now[names[3]][1] == "False" else None
+
+        now = wait_for("the rack's nodes and the NVLink node unready", shown, 60)
+        assert now[names[0]] == now[names[1]] == (None, "False", "FabricManagerNotRunning")
+        assert now[names[2]] == health(before[names[2]])
+        assert now[names[3]] == (health(before[names[3]])[0], "False", "NvidiaNVLinkError")
+        assert allocatable(fleet, names[3]) == ("4", "4")
+        set_faults(fleet, {k: None for k in entries})
+        wait_for(
+            "every node as before",
+            lambda: (
+                {n: health(o) for n, o in nodes(fleet, f"{POOL_LABEL}=rackfault").items()}
+                == {n: health(o) for n, o in before.items()}
+            ),
+            60,
+        )
+    finally:
+        set_faults(fleet, {k: None for k in entries})
+        fleet.kubectl("delete", "vgp", "rackfault", "--wait=true", check=False)
+
+
 def test_a_profile_of_ones_own_from_a_config_map(fleet: Cluster) -> None:
     text = profile.load("l40s").model_dump_json()
     fleet.kubectl("create", "configmap", "my-board", "-n", "default", f"--from-literal=board.yaml={text}")

@@ -171,8 +171,16 @@ def test_a_fault_on_a_virtual_node_takes_one_gpu_away(cluster: Cluster, core: An
 
     res = mokka("fault", "xid", "79", "--gpu", "3", *where)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "GPU 3: unhealthy (Xid 79)"
+    assert res.stdout.strip() == "GPU 3: unhealthy (Xid 79); AcceleratedHardwareReady=False NvidiaXID79Error (Xid 79)"
     assert allocatable() == "7" and core.read_node(node).status.capacity["nvidia.com/gpu"] == "8"
+    condition = {c.type: c for c in core.read_node(node).status.conditions}["AcceleratedHardwareReady"]
+    assert (condition.status, condition.reason, condition.message) == ("False", "NvidiaXID79Error", "GPU 3: Xid 79")
+    # NVLink: not the device plugin's to watch, the node health agent's condition only.
+    res = mokka("fault", "nvlink", "1", "down", "--gpu", "0", *where)
+    assert res.stdout.strip() == "GPU 0: AcceleratedHardwareReady=False NvidiaNVLinkError (NVLink 1 down)"
+    assert allocatable() == "7"
+    condition = {c.type: c for c in core.read_node(node).status.conditions}["AcceleratedHardwareReady"]
+    assert condition.message == "GPU 0: NVLink 1 down; GPU 3: Xid 79"
     listed = mokka("fault", "list", *where)
     assert "GPU 3:" in listed.stdout and "Xid 79" in listed.stdout
     # An application Xid leaves the GPU healthy, as NVIDIA's device plugin does.
@@ -185,6 +193,8 @@ def test_a_fault_on_a_virtual_node_takes_one_gpu_away(cluster: Cluster, core: An
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "no NVML" in bad.stderr
     assert mokka("fault", "clear", *where).returncode == 0
     assert allocatable() == "8"
+    condition = {c.type: c for c in core.read_node(node).status.conditions}["AcceleratedHardwareReady"]
+    assert (condition.status, condition.reason) == ("True", "NvidiaAcceleratedHardwareIsReady")
     assert core.read_node("virtual-h100-8").status.allocatable["nvidia.com/gpu"] == "8"  # its neighbour untouched
 
 

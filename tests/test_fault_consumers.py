@@ -203,3 +203,49 @@ def test_nvlink_down_and_error_counters(fault_node: Callable[..., FaultNode], sm
     assert "<inactive>" not in node.smi(exe, "nvlink", "-s", "-i", "0").stdout
     node.fault("clear")
     assert "Link 1: CRC Errors: 0" in node.smi(exe, "nvlink", "-e", "-i", "0").stdout
+
+
+def test_fabric_degraded_and_in_progress(fault_node: Callable[..., FaultNode], smi: tuple[str, Path]) -> None:
+    """A GB200 tray's fabric: bandwidth degraded (probe still Completed, the clique kept), the probe
+    In Progress (no clique), healthy again; every GPU, as a whole rack's fault reaches them."""
+    node = fault_node("gb200", 4)
+    version, exe = smi
+
+    def fabrics() -> list[tuple[str, ...]]:
+        """Each GPU's fabric probe state, clique and bandwidth (535 prints only the state and status;
+        the health mask is 550's)."""
+        out = node.smi(exe, "-q").stdout
+        sections = out.split("    Fabric\n")[1:]
+        if version == "535":
+            return [(field(s, "State"), "2" if field(s, "State") == "Completed" else "N/A", "-") for s in sections]
+        bandwidth = [field(s, "Bandwidth") if version == "550" else "-" for s in sections]
+        return [(field(s, "State"), field(s, "CliqueId"), bw) for s, bw in zip(sections, bandwidth, strict=True)]
+
+    full, degraded, na = ("Full", "Degraded", "N/A") if version == "550" else ("-", "-", "-")
+    assert fabrics() == [("Completed", "2", full)] * 4
+    node.fault("fabric", "degraded")
+    assert fabrics() == [("Completed", "2", degraded)] * 4
+    node.fault("fabric", "in-progress", "--gpu", "1")
+    assert fabrics()[1] == ("In Progress", "N/A", na)
+    listed = node.fault("list").stdout
+    assert "GPU 1:\n  fabric probe In Progress\n" in listed and "GPU 0:\n  fabric bandwidth degraded\n" in listed
+    node.fault("fabric", "healthy", "--gpu", "0")
+    assert fabrics()[:2] == [("Completed", "2", full), ("In Progress", "N/A", na)]
+    node.fault("clear")
+    assert fabrics() == [("Completed", "2", full)] * 4
+
+
+def test_fabric_faults_need_a_fabric_that_reports_them(fault_node: Callable[..., FaultNode]) -> None:
+    t4 = fault_node("t4", 1)
+    res = t4.fault("fabric", "in-progress", check=False)
+    assert res.returncode != 0 and res.stderr.strip().splitlines() == [
+        "mokka: error: GPU 0 has no NVLink fabric (fabric state Not Supported), fabric"
+    ]
+    h100 = fault_node("h100", 1)
+    before = h100.state_bytes
+    res = h100.fault("fabric", "degraded", check=False)
+    assert res.stderr.strip().splitlines() == [
+        "mokka: error: GPU 0 reports no fabric health (the profile's fabric has no degraded_bandwidth), fabric"
+    ]
+    assert h100.state_bytes == before
+    h100.fault("fabric", "in-progress")  # its probe, though, can be In Progress

@@ -60,7 +60,7 @@ def test_a_node_body_is_kwoks_and_carries_the_gpus() -> None:
 
 def test_unhealthy_gpus_leave_allocatable_and_the_slice() -> None:
     p = pool()
-    p.faults["virtual-h100-1"] = {"3": "Xid 79"}
+    p.health["virtual-h100-1"] = virtual_faults.Health(unhealthy={"3": "Xid 79"})
     assert p.resources("virtual-h100-1", allocatable=True) == {"nvidia.com/gpu": "7"}
     assert p.resources("virtual-h100-1", allocatable=False) == {"nvidia.com/gpu": "8"}
     assert p.resources("virtual-h100-0", allocatable=True) == {"nvidia.com/gpu": "8"}
@@ -90,6 +90,8 @@ def test_faults_map_to_what_the_device_plugin_reports() -> None:
     assert virtual_faults.fault_effect("lost", {})[0] == "unhealthy"
     assert virtual_faults.fault_effect("ecc", {"uncorrected": 1})[0] == "unhealthy"
     assert virtual_faults.fault_effect("clear", {"all": False}) == ("healthy", "")
+    assert virtual_faults.fault_effect("nvlink", {"link": 2, "state": "down"})[0] == "unchanged"
+    assert virtual_faults.fault_effect("fabric", {"state": "in-progress"})[0] == "unchanged"
     with pytest.raises(ValueError, match="no NVML"):
         virtual_faults.fault_effect("temperature", {"celsius": 95})
 
@@ -144,16 +146,70 @@ def test_a_node_made_elsewhere_gets_the_body_of_its_place() -> None:
 
 def test_a_node_with_faults_says_which_gpus_are_unhealthy() -> None:
     p = pool()
-    p.faults["virtual-h100-1"] = {"3": "Xid 79"}
+    p.health["virtual-h100-1"] = virtual_faults.Health(unhealthy={"3": "Xid 79"})
     assert virtual.UNHEALTHY_ANNOTATION not in virtual.node_body(p, 0)["metadata"]["annotations"]
     assert virtual.node_body(p, 1)["metadata"]["annotations"][virtual.UNHEALTHY_ANNOTATION] == '{"3": "Xid 79"}'
+
+
+def unhealthy_of(text: str, gpus: list[object]) -> dict[str, str]:
+    return virtual_faults.health_of([("entry", text)], gpus).unhealthy
 
 
 def test_a_fault_entry_is_read_as_the_device_plugin_shows_it() -> None:
     gpus = virtual_faults.node_gpus("h100", "NVIDIA H100 80GB HBM3", 8, "virtual-h100-1")
     entry = "steps: [{gpu: 3, xid: 79}, {gpu: [4, 5], xid: 13}, {gpu: 6, lost: true}, {gpu: 6, clear: true}]"
-    assert virtual_faults.unhealthy_of(entry, gpus, "entry") == {"3": "Xid 79"}
+    assert unhealthy_of(entry, gpus) == {"3": "Xid 79"}
     uuid = gpus[2].uuid
-    assert virtual_faults.unhealthy_of(f"steps: [{{gpu: {uuid}, ecc: {{uncorrected: 1}}}}]", gpus, "e") == {
+    assert unhealthy_of(f"steps: [{{gpu: {uuid}, ecc: {{uncorrected: 1}}}}]", gpus) == {
         "2": "Xid 48 (double-bit ECC error)"
     }
+
+
+def test_a_fault_entry_sets_the_health_agents_condition() -> None:
+    """AcceleratedHardwareReady with the EKS node monitoring agent's reasons, also for what the
+    device plugin does not watch (NVLink, the fabric); nvlink up, fabric healthy and clear undo."""
+    gpus = virtual_faults.node_gpus("gb200", "NVIDIA GB200", 4, "virtual-gb200-0")
+    healthy = virtual_faults.Health()
+    assert not healthy and healthy.condition() == {
+        "type": "AcceleratedHardwareReady",
+        "status": "True",
+        "reason": "NvidiaAcceleratedHardwareIsReady",
+        "message": "Monitoring for the Nvidia AcceleratedHardware system is active",
+    }
+    entry = "steps: [{gpu: 2, nvlink: {link: 1, state: down}}, {gpu: 0, xid: 13}, {gpu: 1, xid: 94}]"
+    h = virtual_faults.health_of([("entry", entry)], gpus)
+    assert h.unhealthy == {"1": "Xid 94"}  # NVLink is not the device plugin's
+    assert h.condition()["status"] == "False" and h.condition()["reason"] == "NvidiaXID94Error"
+    assert h.condition()["message"] == "GPU 1: Xid 94; GPU 2: NVLink 1 down"
+    up = entry.replace("]", ", {gpu: 2, nvlink: {link: 1, state: up}}, {gpu: 1, clear: true}]")
+    assert not virtual_faults.health_of([("entry", up)], gpus)
+    # a rack's entry first, then the node's own: the fabric probe on every GPU, so no clique
+    rack = ("rack", "steps: [{fabric: {state: in-progress}}]")
+    h = virtual_faults.health_of([rack], gpus)
+    assert h.probing == ["0", "1", "2", "3"] and not h.clique(4)
+    assert h.condition()["reason"] == "FabricManagerNotRunning"
+    h = virtual_faults.health_of([rack, ("node", "steps: [{gpu: 3, fabric: {state: degraded}}]")], gpus)
+    assert h.clique(4) and h.findings["3"] == [["NvidiaFabricError", "fabric bandwidth degraded"]]
+    assert not virtual_faults.health_of([rack, ("node", "steps: [{fabric: {state: healthy}}]")], gpus)
+
+
+def test_a_node_shows_its_health_in_labels_and_condition() -> None:
+    p = pool("gb200", 4, count=4, racked=True)
+    p.rack_gpus = 8  # 2 nodes a rack
+    gpus = virtual_faults.node_gpus("gb200", "NVIDIA GB200", 4, "virtual-gb200-1")
+    p.health["virtual-gb200-1"] = virtual_faults.health_of([("e", "steps: [{fabric: {state: in-progress}}]")], gpus)
+    p.health["virtual-gb200-2"] = virtual_faults.Health(probing=["0"], findings={"0": [["R", "m"]]})
+    bodies = [virtual.node_body(p, i) for i in range(4)]
+    labels = [b["metadata"]["labels"] for b in bodies]
+    assert [virtual.CLIQUE_LABEL in ls for ls in labels] == [True, False, True, True]
+    assert [ls[virtual.RACK_LABEL] for ls in labels] == [p.rack(i) for i in range(4)]
+    assert p.rack(0) == p.rack(1) != p.rack(2)
+    conditions = [b["status"]["conditions"][0] for b in bodies]
+    assert [(c["status"], c["reason"]) for c in conditions] == [
+        ("True", "NvidiaAcceleratedHardwareIsReady"),
+        ("False", "FabricManagerNotRunning"),
+        ("False", "R"),
+        ("True", "NvidiaAcceleratedHardwareIsReady"),
+    ]
+    assert all(virtual.shows(b, p.health_of(b["metadata"]["name"])) for b in bodies)
+    assert not virtual.shows(bodies[0], p.health_of("virtual-gb200-2"))

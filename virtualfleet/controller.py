@@ -17,6 +17,7 @@ from the node's name and index, so a restarted controller makes byte-identical n
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -187,25 +188,20 @@ class Controller:
         """The fault ConfigMap's entries (node name -> scenario text); none without one."""
         return faults.read_entries(self._core(), *self.settings.faults) if self.settings.faults else {}
 
-    def faults_of(self, pool: pools.Pool, nodes: list[str]) -> dict[str, dict[str, str]]:
-        """Node -> GPU index -> why unhealthy, from the fault ConfigMap's entries for ``nodes``: each
-        entry's steps in order, as the device plugin shows them (:func:`.faults.fault_effect`; a timed
-        entry's end state at once). A bad entry is logged and changes nothing, as on a real node."""
-        from gpumodel import faults as gpufaults
-        from gpumodel import scenario
-
+    def health_of(self, pool: pools.Pool, places: list[str]) -> dict[str, faults.Health]:
+        """Node -> what its faults show (:func:`.faults.by_node`); a bad entry is logged and changes
+        nothing, as on a real node."""
         entries = self.fault_entries()
-        out: dict[str, dict[str, str]] = {}
-        for node in sorted(set(entries) & set(nodes)):
-            gpus = faults.node_gpus(pool.profile, pool.product, pool.gpus, node)
-            try:
-                bad = faults.unhealthy_of(entries[node], gpus, f"fault entry {node}")
-            except (scenario.ScenarioError, gpufaults.FaultError, ValueError) as exc:
-                log.warning("pool %s: %s: the entry changes nothing", pool.name, str(exc).splitlines()[0])
-                continue
-            if bad:
-                out[node] = bad
-        return out
+        if not entries:
+            return {}
+        placed = [(node, pool.rack(i)) for i, node in enumerate(places)]
+
+        def warn(message: str) -> None:
+            log.warning("pool %s: %s: the entry changes nothing", pool.name, message)
+
+        return faults.by_node(
+            entries, placed, lambda n: faults.node_gpus(pool.profile, pool.product, pool.gpus, n), warn
+        )
 
     def reconcile(self, name: str) -> None:
         """Pool ``name``'s nodes and status as its spec says (a pool gone: nothing; the garbage
@@ -236,14 +232,18 @@ class Controller:
         # decorated at the places after the pool's own, never deleted.
         own, adopted = pools.split(name, existing)
         places = [*pool.nodes, *adopted]
-        pool.faults = self.faults_of(pool, places)
+        pool.health = self.health_of(pool, places)
         digests = {n: _digest(pool, n, i) for i, n in enumerate(places)}
         wanted = set(pool.nodes)
         make = [i for i, n in enumerate(pool.nodes) if n not in existing]
         renew = [
             i
             for i, n in enumerate(places)
-            if n in existing and existing[n]["metadata"].get("annotations", {}).get(DIGEST_ANNOTATION) != digests[n]
+            if n in existing
+            and (
+                existing[n]["metadata"].get("annotations", {}).get(DIGEST_ANNOTATION) != digests[n]
+                or not pools.shows(existing[n], pool.health_of(n))  # KWOK keeps the conditions, checked
+            )
         ]
         surplus = [n for n in own if n not in wanted]
         if make or renew or surplus:
@@ -298,9 +298,13 @@ class Controller:
             status = body["status"]
         else:
             theirs = node["metadata"].get("labels", {}).get("kubernetes.io/hostname", name)
-            patch = {"metadata": {"labels": {**body["metadata"]["labels"], "kubernetes.io/hostname": theirs}}}
-            patch["metadata"]["annotations"] = annotations
+            gone = (
+                {pools.CLIQUE_LABEL: None} if pools.CLIQUE_LABEL in pool.labels else {}
+            )  # GFD's, when no probe completes
+            labels = {**gone, **body["metadata"]["labels"], "kubernetes.io/hostname": theirs}
+            patch = {"metadata": {"labels": labels, "annotations": annotations}}
             status = {k: pool.resources(name, allocatable=k == "allocatable") for k in ("capacity", "allocatable")}
+            status["conditions"] = body["status"]["conditions"]
         # The metadata last: its digest (and unhealthy-GPU) annotation says the node is in step.
         core = self._core()
         if any(status.values()):
@@ -390,7 +394,7 @@ class Controller:
         }
         status = {k: v for k, v in status.items() if v is not None}
         self.metrics.wanted.labels(name).set(want)
-        self.metrics.pool(name, status, sum(len(f) for f in pool.faults.values()) if pool else 0)
+        self.metrics.pool(name, status, sum(len(h.unhealthy) for h in pool.health.values()) if pool else 0)
         if status == obj.get("status"):
             return
         try:
@@ -483,7 +487,7 @@ class Controller:
 
 def _digest(pool: pools.Pool, node: str, i: int) -> str:
     """What ``node`` at place ``i`` of ``pool`` is made from: the pool's facts (not its node count),
-    the node's rack and its faults."""
+    the node's rack and what its faults show."""
     facts: list[Any] = [pool.labels, pool.per_gpu, pool.devices, pool.racked, pool.rack_gpus, pool.taints]
-    facts += [pool.owner, pool.dra, pool.faults.get(node, {}), pool.rack(i)]
+    facts += [pool.owner, pool.dra, dataclasses.asdict(pool.health_of(node)), pool.rack(i)]
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]

@@ -16,8 +16,10 @@ them. Every node of the pool then gets
 - ``nvidia.com/gpu`` (and MIG resources) as capacity and allocatable with ``--allocator
   device-plugin``, or a ResourceSlice of driver ``gpu.nvidia.com`` with the DRA plugin's devices
   (its own GPU UUIDs) with ``--allocator dra``;
-- faults as the device plugin reports them (:func:`apply_faults`): an unhealthy GPU leaves
-  allocatable (capacity stays) or the ResourceSlice.
+- faults as a real node's watchers show them (:class:`virtualfleet.faults.Health`): an unhealthy
+  GPU leaves allocatable (capacity stays) or the ResourceSlice, the ``AcceleratedHardwareReady``
+  condition says what a node health agent finds, a fabric probe In Progress on every GPU takes the
+  clique label away.
 
 KWOK's stages make the nodes Ready (with leases) and every pod bound to them Running; the
 scheduler accounts their GPUs as on a real node.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -36,9 +39,12 @@ from typing import Any
 from gpumodel import fleet
 from gpumodel import profile as profiles
 
+from .faults import Health
+
 __all__ = [
     "KWOK_ANNOTATION",
     "POOL_LABEL",
+    "RACK_LABEL",
     "UNHEALTHY_ANNOTATION",
     "VIRTUAL_LABEL",
     "Pool",
@@ -47,12 +53,14 @@ __all__ = [
     "node_body",
     "ready",
     "real_nodes_affinity",
+    "shows",
     "split",
 ]
 
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 VIRTUAL_LABEL = "mokka.io/virtual"
 POOL_LABEL = "mokka.io/virtual-pool"
+RACK_LABEL = "mokka.io/rack"  # a racked node's rack: the key of the rack's fault entry
 # On a node with faults: its unhealthy GPUs and why ({"3": "Xid 79"}), as the node was made.
 UNHEALTHY_ANNOTATION = "mokka.io/unhealthy-gpus"
 MAX_VIRTUAL = 10000  # nodes over every pool of one cluster
@@ -110,7 +118,7 @@ class Pool:
     per_gpu: list[dict[str, int]]  # the device plugin's resources, GPU by GPU
     devices: list[Json]  # the DRA plugin's ResourceSlice devices of the staged profile
     racked: bool = False  # the board is built into racks: each node's clique is its rack's
-    faults: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> GPU index -> why unhealthy
+    health: dict[str, Health] = field(default_factory=dict)  # node -> what its faults show (none: healthy)
     rack_gpus: int = fleet.NVL_DOMAIN_GPUS  # GPUs in one NVLink domain (rack), where racked
     taints: list[Json] = field(default_factory=list)  # on every node
     owner: Json | None = None  # the ownerReference every node carries (a VirtualGPUPool's)
@@ -128,8 +136,11 @@ class Pool:
         per_rack = max(1, self.rack_gpus // self.gpus)
         return f"virtual-{self.name}-nvl{self.rack_gpus}-{i // per_rack}" if self.racked else None
 
+    def health_of(self, node: str) -> Health:
+        return self.health.get(node) or Health()
+
     def healthy(self, node: str) -> list[int]:
-        bad = self.faults.get(node, {})
+        bad = self.health_of(node).unhealthy
         return [i for i in range(self.gpus) if str(i) not in bad]
 
     def resources(self, node: str, allocatable: bool) -> dict[str, str]:
@@ -146,12 +157,18 @@ class Pool:
             out.setdefault(name, 0)
         return {k: str(v) for k, v in sorted(out.items())}
 
-    def node_labels(self, i: int) -> dict[str, str]:
+    def node_labels(self, i: int, node: str | None = None) -> dict[str, str]:
+        """Place ``i``'s labels: the template's with its rack's clique (none while no GPU of
+        ``node``'s has a fabric probe Completed, as GFD gives none) and the rack's name."""
         labels = dict(self.labels)
         rack = self.rack(i)
+        if rack:
+            labels[RACK_LABEL] = rack
         if rack and CLIQUE_LABEL in labels:
             clique = labels[CLIQUE_LABEL].rsplit(".", 1)[-1]
             labels[CLIQUE_LABEL] = f"{fleet.rack_cluster_uuid(rack)}.{clique}"
+        if CLIQUE_LABEL in labels and not self.health_of(node or f"virtual-{self.name}-{i}").clique(self.gpus):
+            del labels[CLIQUE_LABEL]
         return labels
 
     def owns(self, node: str) -> bool:
@@ -182,7 +199,7 @@ def node_body(pool: Pool, i: int, name: str | None = None) -> Json:
     node someone else made that the pool decorates at place ``i`` (its rack)."""
     name = name or pool.nodes[i]
     labels = {
-        **pool.node_labels(i),
+        **pool.node_labels(i, name),
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
@@ -191,8 +208,9 @@ def node_body(pool: Pool, i: int, name: str | None = None) -> Json:
         POOL_LABEL: pool.name,
     }
     metadata: Json = {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1]}}
-    if bad := pool.faults.get(name):
-        metadata["annotations"][UNHEALTHY_ANNOTATION] = json.dumps(bad, sort_keys=True)
+    health = pool.health_of(name)
+    if health.unhealthy:
+        metadata["annotations"][UNHEALTHY_ANNOTATION] = json.dumps(health.unhealthy, sort_keys=True)
     if pool.owner is not None:
         metadata["ownerReferences"] = [pool.owner]
     return {
@@ -203,8 +221,26 @@ def node_body(pool: Pool, i: int, name: str | None = None) -> Json:
         "status": {
             "capacity": {**NODE_RESOURCES, **pool.resources(name, allocatable=False)},
             "allocatable": {**NODE_RESOURCES, **pool.resources(name, allocatable=True)},
+            "conditions": [condition(health)],
         },
     }
+
+
+def condition(health: Health) -> Json:
+    """The node's ``AcceleratedHardwareReady`` condition as written now."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {**health.condition(), "lastHeartbeatTime": now, "lastTransitionTime": now}
+
+
+def shows(node: Json, health: Health) -> bool:
+    """Whether Node object ``node`` shows ``health``: its unhealthy GPUs and its condition."""
+    meta = node["metadata"]
+    unhealthy = json.dumps(health.unhealthy, sort_keys=True) if health.unhealthy else None
+    if meta.get("annotations", {}).get(UNHEALTHY_ANNOTATION) != unhealthy:
+        return False
+    want = health.condition()
+    got = {c.get("type"): c for c in node.get("status", {}).get("conditions") or []}.get(want["type"]) or {}
+    return all(got.get(k) == v for k, v in want.items())
 
 
 def ready(node: Json) -> bool:

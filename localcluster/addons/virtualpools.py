@@ -210,20 +210,28 @@ def pool_status(ctx: Context, made: Sequence[Made]) -> list[dict[str, Any]]:
     return out
 
 
-def read_fault(ctx: Context, node: str) -> str | None:
-    """Virtual node ``node``'s entry in the fault ConfigMap (a scenario's text), or None."""
+def read_fault(ctx: Context, node: str) -> tuple[tuple[str, str] | None, str | None]:
+    """Virtual node ``node``'s entries in the fault ConfigMap: its rack's (rack name, scenario text),
+    which applies first, and its own (a scenario's text); None where there is none."""
     from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
 
-    return faults.read_entries(client.CoreV1Api(_apis(ctx)), NAMESPACE, FAULTS).get(node)
+    from virtualfleet.pool import RACK_LABEL
+
+    core = client.CoreV1Api(_apis(ctx))
+    entries = faults.read_entries(core, NAMESPACE, FAULTS)
+    with api_errors(f"node {node}"):
+        raw = json.loads(core.read_node(node, _preload_content=False).data)
+    rack = raw["metadata"].get("labels", {}).get(RACK_LABEL)
+    return ((rack, entries[rack]) if rack in entries else None), entries.get(node)
 
 
-def write_fault(ctx: Context, node: str, entry: str | None, unhealthy: dict[str, str]) -> None:
+def write_fault(ctx: Context, node: str, entry: str | None, health: faults.Health) -> None:
     """Node ``node``'s fault entry set (None: removed); returns once the controller has remade the
-    node with ``unhealthy`` (GPU index -> why), or raises a ClusterError naming what it waited for."""
+    node showing ``health``, or raises a ClusterError naming what it waited for."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    from virtualfleet.pool import UNHEALTHY_ANNOTATION
+    from virtualfleet.pool import shows
 
     core = client.CoreV1Api(_apis(ctx))
     with api_errors(f"the fault ConfigMap {NAMESPACE}/{FAULTS}"):
@@ -235,11 +243,9 @@ def write_fault(ctx: Context, node: str, entry: str | None, unhealthy: dict[str,
             if entry is not None:  # the first entry makes the ConfigMap
                 body = {"metadata": {"name": FAULTS}, "data": {node: entry}}
                 core.create_namespaced_config_map(NAMESPACE, body, _preload_content=False)
-    want = json.dumps(unhealthy, sort_keys=True) if unhealthy else None
 
     def applied() -> bool:
-        raw = json.loads(core.read_node(node, _preload_content=False).data)
-        return bool(raw["metadata"].get("annotations", {}).get(UNHEALTHY_ANNOTATION) == want)
+        return shows(json.loads(core.read_node(node, _preload_content=False).data), health)
 
     with api_errors(f"node {node}"):
         ctx.wait(f"the fleet controller to remake node {node} with its faults", applied, timeout=60, poll=0.2)

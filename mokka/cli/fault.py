@@ -76,13 +76,13 @@ def _virtual_cluster(node: str, cluster_dir: Path) -> Any:
 
 def _virtual_fault(c: Any, node: str, gpu: str | None, kind: str, fields: dict[str, Any]) -> None:
     """Fault ``kind`` on virtual node ``node``: a step added to its entry in the cluster's fault
-    ConfigMap, which the fleet controller shows as the device plugin would; returns once it has."""
+    ConfigMap, which the fleet controller shows as a real node's watchers would; returns once it has."""
     import yaml
 
     from gpumodel import faults, scenario
     from localcluster.addons.virtualpools import find, read_fault, write_fault
     from localcluster.cluster import ClusterError
-    from virtualfleet.faults import fault_effect, node_gpus, unhealthy_of
+    from virtualfleet.faults import fault_effect, finding, health_of, node_gpus
 
     pool = find(c.pools, node)
     assert pool is not None
@@ -93,19 +93,21 @@ def _virtual_fault(c: Any, node: str, gpu: str | None, kind: str, fields: dict[s
     except (faults.FaultError, ValueError) as exc:
         fail(f"{exc}, --node {node}")
         return
-    if effect == "unchanged":
+    if effect == "unchanged" and finding(kind, fields) is None and kind not in ("nvlink", "fabric"):
         for i in indices:
             click.echo(f"GPU {i}: {why}")
         return
     try:
-        old = read_fault(c, node)
-        before = unhealthy_of(old, available, f"fault entry {node}") if old else {}
+        rack, old = read_fault(c, node)
+        first = [(f"fault entry {rack[0]}", rack[1])] if rack else []
+        before = health_of([*first, *([(f"fault entry {node}", old)] if old else [])], available)
         steps = (yaml.safe_load(old) or {}).get("steps", []) if old else []
         value = {k: v for k, v in fields.items() if k != "kind" and v is not None}
         steps.append({"gpu": indices, kind: value})
         entry = yaml.safe_dump({"name": f"mokka fault on {node}", "steps": steps}, sort_keys=False)
-        after = unhealthy_of(entry, available, f"fault entry {node}")
-        write_fault(c, node, entry if after else None, after)
+        mine = health_of([(f"fault entry {node}", entry)], available)
+        after = health_of([*first, (f"fault entry {node}", entry)], available)
+        write_fault(c, node, entry if mine else None, after)
     except ClusterError as exc:
         fail(f"{exc}, --node {node} --cluster-dir {c.layout.base}")
         return
@@ -113,11 +115,21 @@ def _virtual_fault(c: Any, node: str, gpu: str | None, kind: str, fields: dict[s
         # an entry someone else wrote that is not a scenario: say so, change nothing
         fail(f"{str(exc).splitlines()[0]}; fix or remove it (kubectl edit configmap), --node {node}")
         return
-    for i in indices:
-        if effect == "unhealthy":
-            click.echo(f"GPU {i}: unhealthy ({after[str(i)]})")
-        else:
-            click.echo(f"GPU {i}: healthy again" if str(i) in before else f"GPU {i}: healthy")
+    for key in map(str, indices):
+        was = key in before.unhealthy or key in before.findings or key in before.probing
+        click.echo(f"GPU {key}: {_virtual_gpu_line(after, key, was)}")
+
+
+def _virtual_gpu_line(health: Any, i: str, was_faulty: bool) -> str:
+    """What virtual GPU ``i`` shows under ``health``, in one line: the device plugin's view, the
+    node health agent's findings, the fabric probe."""
+    shown = [f"unhealthy ({health.unhealthy[i]})"] if i in health.unhealthy else []
+    shown += [f"AcceleratedHardwareReady=False {reason} ({message})" for reason, message in health.findings.get(i, [])]
+    if i in health.probing:
+        shown.append("no clique label while its fabric probe reads In Progress")
+    if shown:
+        return "; ".join(shown)
+    return "healthy again" if was_faulty else "healthy"
 
 
 def where_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -363,6 +375,17 @@ def _nvlink_errors(link: int, crc: int, replay: int, recovery: int) -> dict[str,
     return {"link": link, "crc": crc, "replay": replay, "recovery": recovery}
 
 
+@fault.command("fabric")
+@click.argument("state", type=click.Choice(["degraded", "in-progress", "healthy"]))
+@inject("fabric")
+def fabric(state: str) -> dict[str, Any]:
+    """The GPUs' NVLink fabric as the fabric manager reports it: `degraded` (the health mask says
+    bandwidth degraded, as after an NVSwitch failure; GFD keeps the clique label), `in-progress`
+    (the probe reads In Progress, as while the rack's fabric manager trains the fabric again; GFD
+    drops the clique label), `healthy` (the profile's again). Boards with an NVLink fabric only."""
+    return {"state": state}
+
+
 @fault.command("clear")
 @click.option("--all", "everything", is_flag=True, help="Also the persistent record (aggregate ECC, rows, pages).")
 @inject("clear")
@@ -382,19 +405,28 @@ def list_(
     if node is not None and (virtual_cluster := _virtual_cluster(node, cluster_dir)) is not None:
         from gpumodel import scenario
         from localcluster.addons.virtualpools import find, read_fault
-        from virtualfleet.faults import node_gpus, unhealthy_of
+        from localcluster.cluster import ClusterError
+        from virtualfleet.faults import health_of, node_gpus
 
         pool = find(virtual_cluster.pools, node)
         assert pool is not None
-        entry = read_fault(virtual_cluster, node)
+        try:
+            rack, entry = read_fault(virtual_cluster, node)
+        except ClusterError as exc:
+            fail(f"{exc}, --node {node}")
+            return
+        entries = ([(f"fault entry {rack[0]}", rack[1])] if rack else []) + (
+            [(f"fault entry {node}", entry)] if entry else []
+        )
         gpus = node_gpus(pool.profile, pool.product, pool.gpus, node)
         try:
-            bad = unhealthy_of(entry, gpus, f"fault entry {node}") if entry else {}
+            health = health_of(entries, gpus)
         except (scenario.ScenarioError, faults.FaultError, ValueError) as exc:
             fail(f"{str(exc).splitlines()[0]}; fix or remove it (kubectl edit configmap), --node {node}")
+            return
+        faulty = sorted({*health.unhealthy, *health.findings, *health.probing}, key=int)
         click.echo(
-            "\n".join(f"GPU {i}:\n  unhealthy: {why}" for i, why in sorted(bad.items(), key=lambda kv: int(kv[0])))
-            or "no faults in effect"
+            "\n".join(f"GPU {i}:\n  {_virtual_gpu_line(health, i, True)}" for i in faulty) or "no faults in effect"
         )
         return
     target = _target(root, driver_root, state_file, node, cluster_dir)
