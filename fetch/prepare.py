@@ -170,6 +170,14 @@ ITEMS: tuple[Item, ...] = (
         tests=True,
     ),
     Item(
+        f"Karpenter's KWOK provider {kube_versions.KARPENTER} and its CRDs (Go; {kube_versions.KARPENTER_GOTOOLCHAIN}, "
+        "newer than Debian's, from the Go module proxy)",
+        "`mokka cluster up --karpenter` and its tests (cold: about 2 minutes)",
+        lambda cache: kube_gobuild.cached(kube_binaries.KARPENTER, cache) is not None,
+        lambda cache: kube_gobuild.build(kube_binaries.KARPENTER, cache),
+        tests=True,
+    ),
+    Item(
         f"NVIDIA's GPU Operator {kube_versions.GPU_OPERATOR_RELEASE} (operator, validator, chart), NFD's image "
         f"build, NVIDIA's device plugin and GFD {kube_versions.GPU_OPERATOR_DEVICE_PLUGIN} and container toolkit "
         f"{kube_versions.CONTAINER_TOOLKIT} (Go)",
@@ -213,7 +221,9 @@ def prepare(*, tests: bool = False, cache: Path | None = None, extra: Sequence[I
                 note("Debian's Go toolchain removed (its .debs stay)")
             if stale := gotool.prune(list(GO_BUILDS), cache):
                 note("removed stale Go builds and caches: " + ", ".join(stale))
-            kube_builds = (*kube_binaries.GO_BUILDS, kube_binaries.KUBEADM, *gpu_operator.GO_BUILDS)
+            kube_builds = (
+                *kube_binaries.GO_BUILDS, kube_binaries.KUBEADM, kube_binaries.KARPENTER, *gpu_operator.GO_BUILDS
+            )  # fmt: skip
             if stale := kube_gobuild.prune(kube_builds, cache):
                 note("removed stale cluster builds: " + ", ".join(stale))
         sizes = {d.name: _size(d) for d in sorted(cache.iterdir()) if d.is_dir()}

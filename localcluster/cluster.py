@@ -43,6 +43,7 @@ from .addons.device_plugin import DevicePlugin
 from .addons.dra import MokkaDra
 from .addons.fgo import FgoSpec
 from .addons.gpu_operator.install import GpuOperator
+from .addons.karpenter import Karpenter
 from .addons.nfd import Nfd
 from .addons.nvidia_dra import GPU_DRIVER, NvidiaDraUnavailable
 from .addons.nvidia_dra.install import NvidiaDra
@@ -75,6 +76,7 @@ class Options:
     nodes: tuple[NodeSpec, ...] = ()  # a fleet (each node <profile>-<i>); () = one node "localhost" of profile/gpus
     fabric_delay: float = 0  # seconds until the racks' fabric manager is ready (In Progress until then)
     virtual: tuple[VirtualSpec, ...] = ()  # pools of KWOK nodes carrying a real node's surface (virtualfleet.pool)
+    karpenter: bool = False  # Karpenter's KWOK provider autoscales the virtual pools (addons.karpenter)
     fgo: tuple[FgoSpec, ...] = ()  # pools of KWOK nodes run:ai's fake-gpu-operator serves (addons.fgo)
     dcgm_exporter: bool = False  # NVIDIA's dcgm-exporter as a DaemonSet on the mock libdcgm (addons.dcgm)
     nfd: bool = False  # Node Feature Discovery's master and workers label the nodes (addons.nfd)
@@ -111,6 +113,8 @@ class Options:
         if self.virtual or self.fgo:  # KWOK runs the nodes of both
             dra = self.allocator == "dra"
             chosen.append(VirtualPools(self.virtual, self.mig_strategy, dra=dra, nfd=self.runs_nfd))
+        if self.karpenter:
+            chosen.append(Karpenter())
         if self.fgo:
             chosen.append(fgo.Fgo(list(self.fgo), self.mig_strategy))
         return chosen

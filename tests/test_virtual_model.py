@@ -3,6 +3,8 @@ faults as the device plugin reports them. No cluster: the API side is in test_cl
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -33,11 +35,12 @@ def pool(profile_name: str = "h100", gpus: int = 8, count: int = 3, racked: bool
 
 def test_specs_parse_and_name_their_pools() -> None:
     assert VirtualSpec.parse("h100=1000") == VirtualSpec("h100", None, 1000)
+    assert VirtualSpec.parse("h100=0").count == 0  # an empty pool (Karpenter, or nodes someone labels, fill it)
     assert VirtualSpec.parse("t4:4=200").pool == "t4-4"
     assert str(VirtualSpec.parse("t4:4=200")) == "t4:4=200"
     for bad, words in (
         ("h100", "PROFILE[:GPUS]=COUNT"),
-        ("h100=0", "from 1"),
+        ("h100=x", "from 0"),
         ("h100:x=2", "GPU count"),
         ("=3", "PROFILE"),
     ):
@@ -213,3 +216,31 @@ def test_a_node_shows_its_health_in_labels_and_condition() -> None:
     ]
     assert all(virtual.shows(b, p.health_of(b["metadata"]["name"])) for b in bodies)
     assert not virtual.shows(bodies[0], p.health_of("virtual-gb200-2"))
+
+
+def test_karpenter_config_gives_each_pool_an_instance_type_and_a_node_pool(tmp_path: Path) -> None:
+    """`mokka karpenter-config`: the instance-types file and the objects `mokka cluster up --karpenter`
+    uses too (virtualfleet.karpenter); bad input in one line, nothing written."""
+    import json
+    import subprocess
+    import sys
+
+    types = tmp_path / "types.json"
+    argv = [sys.executable, "-m", "mokka.cli", "karpenter-config", "--types-out", str(types)]
+    res = subprocess.run([*argv, "--pool", "h100=h100", "--pool", "small=t4:1"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    objects = list(yaml.safe_load_all(res.stdout))
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("KWOKNodeClass", "mokka"), ("NodePool", "h100"), ("NodePool", "small")
+    ]  # fmt: skip
+    assert objects[2]["spec"]["template"]["metadata"]["labels"] == {virtual.POOL_LABEL: "small"}
+    listed = {t["name"]: t for t in json.loads(types.read_text())}
+    assert {n: t["resources"]["nvidia.com/gpu"] for n, t in listed.items()} == {"mokka-h100": "8", "mokka-small": "1"}
+    offered = {r["key"]: r["values"] for r in listed["mokka-small"]["offerings"][0]["Requirements"]}
+    assert offered[virtual.POOL_LABEL] == ["small"] and offered["nvidia.com/gpu.product"] == ["Tesla-T4"]
+    assert listed["mokka-small"]["offerings"][0]["Price"] < listed["mokka-h100"]["offerings"][0]["Price"]
+    types.unlink()
+    for bad in ("h100", "H100=h100", "x=nope", "x=t4:y"):
+        res = subprocess.run([*argv, "--pool", bad], capture_output=True, text=True)
+        assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1 and "--pool" in res.stderr, bad
+        assert not types.exists()

@@ -85,8 +85,8 @@ class VirtualSpec:
         head, sep, count = text.rpartition("=")
         if not sep or not head:
             raise ValueError(f"{text!r}: expected PROFILE[:GPUS]=COUNT, e.g. h100=1000 or t4:4=200")
-        if not count.isdigit() or int(count) < 1:
-            raise ValueError(f"{text!r}: the node count after '=' must be a whole number from 1")
+        if not count.isdigit():
+            raise ValueError(f"{text!r}: the node count after '=' must be a whole number from 0")
         name, colon, gpus = head.partition(":")
         if not name:
             raise ValueError(f"{text!r}: no profile before '='")

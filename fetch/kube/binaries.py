@@ -89,6 +89,18 @@ KWOK = gobuild.GoBuild(
     files=KWOK_STAGES,
 )
 
+# Karpenter's KWOK provider (``--karpenter``) with its CRDs: NodePool, NodeClaim and the rest from
+# its chart, KWOKNodeClass from its API.
+KARPENTER = gobuild.GoBuild(
+    name="karpenter-kwok",
+    module="sigs.k8s.io/karpenter",
+    version=versions.KARPENTER,
+    commands=("sigs.k8s.io/karpenter/kwok",),
+    go=(1, 26),
+    env=(("GOTOOLCHAIN", versions.KARPENTER_GOTOOLCHAIN),),
+    files=(("kwok/charts/crds", "crds"), ("kwok/apis/crds", "nodeclass-crds")),
+)
+
 # Node Feature Discovery's master and worker (the labels the GPU Operator and NVIDIA's DRA chart
 # select GPU nodes by), with NFD's CRDs from its module. Built as a host's NFD: it reads the node's
 # own /sys and /etc (the image NFD publishes reads them under /host-, where its pods mount them).

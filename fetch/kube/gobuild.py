@@ -224,8 +224,8 @@ def _go_env(spec: GoBuild, work: Path) -> dict[str, str]:
         GOFLAGS="-mod=mod",
         GOTOOLCHAIN="local",
         CGO_ENABLED="1" if spec.cgo else "0",
-        **dict(spec.env),
     )
+    env.update(spec.env)  # the spec's own win (a newer GOTOOLCHAIN, taken from the module proxy)
     return env
 
 

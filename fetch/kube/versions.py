@@ -30,3 +30,7 @@ GPU_OPERATOR_DEVICE_PLUGIN = "v0.17.4"
 # NVIDIA's container toolkit as that chart deploys it (the toolkit operand's installer, nvidia-ctk,
 # its runtimes and CDI hook). Newer ones (1.18+) write a drop-in the v25.3 operator does not mount.
 CONTAINER_TOOLKIT = "v1.17.8"
+# Karpenter's KWOK provider (virtual pools' autoscaler, ``--karpenter``); its go.mod asks for Go
+# 1.26.9, newer than Debian's 1.26.8: built with the toolchain the Go module proxy serves.
+KARPENTER = "v1.15.0"
+KARPENTER_GOTOOLCHAIN = "go1.27.3"

@@ -190,6 +190,15 @@ def node_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., 
     "serves the operator's runtimeClassName nvidia pods.",
 )
 @virtual_option
+@click.option(
+    "--karpenter",
+    is_flag=True,
+    help="Autoscale the --virtual pools with Karpenter's KWOK provider: a NodePool and a GPU instance type for "
+    "each pool (`--virtual h100=0` starts one empty). A pending pod that selects a pool "
+    "(nodeSelector mokka.io/virtual-pool: POOL, or its nvidia.com/gpu.product) gets a node of it, which the fleet "
+    "controller decorates as the pool's; consolidation removes the node once its pods are gone. Log: "
+    "logs/karpenter.log.",
+)
 @fgo_option
 @click.option("--keep-on-failure", is_flag=True, help="Leave a cluster that failed to come up running, for its logs.")
 def up_cmd(
@@ -197,6 +206,7 @@ def up_cmd(
     gpus: int | None,
     nodes: tuple[Any, ...],
     virtual: tuple[Any, ...],
+    karpenter: bool,
     fgo_pools: tuple[Any, ...],
     base: Path,
     allocator: str,
@@ -213,6 +223,10 @@ def up_cmd(
     from fetch.kube import binaries
     from localcluster.cluster import Cluster, ClusterError, Options
 
+    if karpenter and not virtual:
+        fail("--karpenter: no --virtual pool to provision nodes for (e.g. --virtual h100=0 --karpenter)")
+    if karpenter and allocator == "dra":
+        fail("--karpenter: Karpenter provisions for nvidia.com/gpu requests; --allocator dra pools have none")
     if nodes and (gpus is not None or profile_name != "h100"):
         fail("--profile and --gpus are for the one node of a cluster without --node: give each --node its own")
     if not nodes:
@@ -227,6 +241,7 @@ def up_cmd(
         mig_strategy=mig_strategy,
         fabric_delay=fabric_delay,
         virtual=virtual,
+        karpenter=karpenter,
         fgo=fgo_pools,
         dcgm_exporter=dcgm_exporter,
         nfd=nfd,

@@ -1,4 +1,5 @@
-"""`mokka fleet-controller`: the controller of the VirtualGPUPool API (virtual GPU nodes)."""
+"""`mokka fleet-controller`: the controller of the VirtualGPUPool API (virtual GPU nodes); `mokka
+karpenter-config`: Karpenter's KWOK provider configured to autoscale its pools."""
 
 from __future__ import annotations
 
@@ -166,3 +167,58 @@ def fleet_controller(
         if not runner.is_alive():
             break
     log.info("stopping")
+
+
+@main.command("karpenter-config")
+@click.option(
+    "--pool",
+    "pools",
+    multiple=True,
+    required=True,
+    metavar="NAME=PROFILE[:GPUS]",
+    help="A VirtualGPUPool (its name, profile and gpusPerNode) Karpenter should make nodes for (repeatable).",
+)
+@click.option(
+    "--types-out",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    required=True,
+    help="Where to write the instance-types file (the provider's INSTANCE_TYPES_FILE_PATH, e.g. from a ConfigMap).",
+)
+def karpenter_config(pools: tuple[str, ...], types_out: Path) -> None:
+    """Configure Karpenter's KWOK provider (sigs.k8s.io/karpenter, kwok/) to autoscale virtual pools on
+    any cluster: writes its instance-types file (one GPU instance type per pool) and prints the
+    KWOKNodeClass and one NodePool per pool (YAML, for `kubectl apply -f -`). A pending pod that
+    selects a pool (nodeSelector mokka.io/virtual-pool: NAME, or its nvidia.com/gpu.product) gets a
+    node of it; the chart's fleet controller decorates the node as the pool's.
+
+    \b
+      mokka karpenter-config --pool h100=h100 --pool small=t4:1 --types-out types.json | kubectl apply -f -
+    """
+    import json
+    import re
+
+    import yaml
+
+    from gpumodel import profile as profiles
+    from virtualfleet import karpenter
+
+    chosen = []
+    for text in pools:
+        name, sep, spec = text.partition("=")
+        prof_name, colon, gpus = spec.partition(":")
+        if (
+            not sep
+            or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name)
+            or not prof_name
+            or (colon and not gpus.isdigit())
+        ):
+            fail(f"{text!r}: expected NAME=PROFILE[:GPUS] (a VirtualGPUPool's name), e.g. small=t4:1, --pool")
+        try:
+            prof = profiles.load(prof_name).with_count(int(gpus) if colon else None)
+        except profiles.ProfileError as exc:
+            fail(f"{str(exc).splitlines()[0]}, --pool {text}")
+            return
+        chosen.append((name, prof.gpu.name, prof.gpu_count))
+    types_out.write_text(json.dumps(karpenter.instance_types(chosen), indent=1) + "\n")
+    objects = [karpenter.NODE_CLASS, *(karpenter.node_pool(name) for name, _, _ in chosen)]
+    click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
