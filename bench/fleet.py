@@ -5,7 +5,9 @@ One pool of ``--nodes`` nodes is applied and followed through one watch of its n
 until every node exists (and the rate they were made at) and until every node is Ready; then the
 pool is deleted and the seconds until every node is gone (the garbage collector's work). The
 controller's own figures are read from its ``/metrics`` through the API server's proxy to the
-pod holding its Lease. Targets (issue 31, two cores): node creation >= 500 nodes/s; 10,000 nodes
+pod holding its Lease; with ``prometheus`` (the chart's ``integrations.prometheus`` Service, or one's
+own in the namespace) the figures Prometheus scraped during the run are read back through the API
+server's service proxy. Targets (issue 31, two cores): node creation >= 500 nodes/s; 10,000 nodes
 Ready <= 120 s. Figures are printed with their targets, a missed one marked MISSED; nothing
 asserts on them.
 """
@@ -40,6 +42,7 @@ class Result:
     ready_s: float = 0.0
     deleted_s: float | None = None
     controller: dict[str, float] = field(default_factory=dict)
+    scraped: dict[str, float] = field(default_factory=dict)  # what Prometheus saw of the run
 
     @property
     def rate(self) -> float:
@@ -64,6 +67,8 @@ class Result:
             rows.append(("pool deleted -> every node gone", f"{self.deleted_s:.1f} s", ""))
         for name, value in sorted(self.controller.items()):
             rows.append((f"controller: {name}", f"{value:g}", ""))
+        for name, value in sorted(self.scraped.items()):
+            rows.append((f"prometheus: {name}", f"{value:g}", ""))
         return rows
 
 
@@ -170,6 +175,50 @@ def controller_metrics(api: Any, namespace: str) -> dict[str, float]:
     return got
 
 
+# What is read back from Prometheus over the run (PromQL over the pool's series; RUN: the run's length).
+QUERIES = {
+    "nodes Ready (max)": 'max_over_time(mokka_fleet_pool_nodes_ready{{pool="{pool}"}}[{run}s])',
+    "allocatable GPUs (max)": 'max_over_time(mokka_fleet_pool_allocatable_gpus{{pool="{pool}"}}[{run}s])',
+    "reconciles during the run": "sum(increase(mokka_fleet_reconcile_seconds_count[{run}s]))",
+}
+
+
+def prometheus_query(api: Any, namespace: str, service: str, query: str) -> list[Any]:
+    """``query``'s instant vector from Prometheus Service ``service`` (``NAME[:PORT]``) in ``namespace``,
+    through the API server's service proxy."""
+    name, _, port = service.partition(":")
+    path = f"/api/v1/namespaces/{namespace}/services/{name}:{port or 9090}/proxy/api/v1/query"
+    raw = api.call_api(
+        path, "GET", query_params=[("query", query)], auth_settings=["BearerToken"], _preload_content=False
+    )
+    answer = json.loads(raw.data)
+    if answer.get("status") != "success":
+        raise BenchError(f"Prometheus {namespace}/{service}: {answer.get('error', answer)}")
+    return list(answer["data"]["result"])
+
+
+def scraped(
+    api: Any, namespace: str, service: str, pool: str, nodes: int, seconds: float, timeout: float
+) -> dict[str, float]:
+    """The run's figures as Prometheus scraped them, once it has seen every node Ready."""
+    from kubernetes.client.rest import ApiException
+
+    run = max(10, round(seconds) + 10)
+    got: dict[str, float] = {}
+
+    def seen() -> bool:
+        try:
+            for name, q in QUERIES.items():
+                result = prometheus_query(api, namespace, service, q.format(pool=pool, run=run))
+                got[name] = round(float(result[0]["value"][1]), 3) if result else 0.0
+        except ApiException as exc:
+            raise BenchError(f"Prometheus {namespace}/{service}: {exc.reason}") from None
+        return got.get("nodes Ready (max)", 0) >= nodes
+
+    _wait(f"Prometheus {namespace}/{service} scraping {nodes} Ready nodes", seen, timeout)
+    return got
+
+
 def run(
     api: Any,
     nodes: int,
@@ -178,9 +227,11 @@ def run(
     namespace: str = "mokka-system",
     keep: bool = False,
     timeout: float = 900,
+    prometheus: str | None = None,
 ) -> Result:
     """Apply a pool of ``nodes`` nodes of ``profile`` named ``pool``, follow it to Ready, delete it
-    (unless ``keep``); ``namespace`` is the chart's release's (the controller's Lease)."""
+    (unless ``keep``); ``namespace`` is the chart's release's (the controller's Lease; ``prometheus``,
+    a Prometheus Service there to read the run back from)."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
@@ -209,6 +260,9 @@ def run(
         _wait(f"{nodes} nodes Ready", lambda: follower.counts()[1] >= nodes, timeout)
         result.made_s, result.ready_s = follower.last()
         result.controller = controller_metrics(api, namespace)
+        if prometheus:
+            seconds = time.monotonic() - t0
+            result.scraped = scraped(api, namespace, prometheus, pool, nodes, seconds, min(timeout, 120))
     finally:
         if not keep:
             t1 = time.monotonic()

@@ -25,6 +25,7 @@ from fetch import cri_bindings as bindings
 from fetch.kube import binaries as kube_binaries
 from fetch.kube import gobuild as kube_gobuild
 from fetch.kube import gpu_operator
+from fetch.kube import prometheus as kube_prometheus
 from fetch.kube import versions as kube_versions
 from fetch.progress import Progress
 from fetch.versions import GoBuild
@@ -175,6 +176,13 @@ ITEMS: tuple[Item, ...] = (
         "`mokka cluster up --karpenter` and its tests (cold: about 2 minutes)",
         lambda cache: kube_gobuild.cached(kube_binaries.KARPENTER, cache) is not None,
         lambda cache: kube_gobuild.build(kube_binaries.KARPENTER, cache),
+        tests=True,
+    ),
+    Item(
+        f"Prometheus (Debian {kube_versions.PROMETHEUS_SUITE}'s {kube_versions.PROMETHEUS_PACKAGE})",
+        "the tests' image of the chart's integrations.prometheus",
+        lambda cache: kube_prometheus.cached(cache) is not None,
+        lambda cache: kube_prometheus.binary(cache),
         tests=True,
     ),
     Item(

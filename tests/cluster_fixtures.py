@@ -254,6 +254,30 @@ def install_chart(
     return rendered
 
 
+PROMETHEUS_IMAGE = "localhost/mokka/prometheus:debian"
+
+
+def import_prometheus(cluster: Cluster, tmp: Path) -> dict[str, str]:
+    """A Prometheus image (Debian's binary on busybox, built without Docker) imported into every
+    node; the chart's ``integrations.prometheus.image`` values naming it."""
+    import shutil
+
+    from containers import images as oci
+    from fetch.kube import prometheus
+
+    binary = prometheus.binary()  # fetched by .ci/setup --tests
+    root = oci.make_rootfs(tmp / "prometheus-root", programs=[binary])
+    shutil.copy2(binary, root / "usr/bin/prometheus")
+    for sub in ("prometheus", "etc/prometheus"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    archive = oci.oci_archive(
+        root, tmp / "prometheus.tar", PROMETHEUS_IMAGE, entrypoint=["/usr/bin/prometheus"], cmd=[]
+    )
+    cluster.import_image(archive)
+    repository, tag = PROMETHEUS_IMAGE.rsplit(":", 1)
+    return {"repository": repository, "tag": tag, "pullPolicy": "Never"}
+
+
 @contextlib.contextmanager
 def fleet_crd(cluster: Cluster, max_replicas: int = 100000) -> Iterator[None]:
     """The chart's VirtualGPUPool CustomResourceDefinition (``fleet.enabled=true``), rendered by

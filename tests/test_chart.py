@@ -131,6 +131,7 @@ MATRIX: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
             "integrations": {
                 "fakeGpuOperator": {"enabled": True, "targetNamespace": "gpu-operator"},
                 "dcgmExporter": {"enabled": True, "image": {"tag": "4.2.3-4.1.3-ubuntu22.04"}},
+                "prometheus": {"enabled": True},
             },
             "nodeSelector": {"run.ai/simulated-gpu-node-pool": "integration"},
             "imagePullSecrets": [{"name": "regcred"}],
@@ -725,3 +726,50 @@ def test_helmignore_keeps_the_script_out(helm: Path, tmp_path: Path) -> None:
     assert "update-generated.py" not in members
     assert {f"profiles/{n}.yaml" for n in profile.builtin_names()} <= members
     assert {"values.schema.json", "templates/NOTES.txt", "Chart.yaml", "values.yaml"} <= members
+
+
+def test_prometheus_finds_the_controller_and_the_exporters_through_dns(render: Callable[..., Docs]) -> None:
+    """integrations.prometheus: a headless Service per component (the fleet controller, dcgm-exporter)
+    lists its pods, and Prometheus scrapes each through DNS: no API access (no RBAC) at all; the pods
+    carry prometheus.io/* annotations for a Prometheus of one's own."""
+    values = {
+        "fleet": {"enabled": True},
+        "integrations": {
+            "prometheus": {"enabled": True, "scrapeInterval": "2s"},
+            "dcgmExporter": {"enabled": True, "image": {"tag": "4.2.3-4.1.3-ubuntu22.04"}},
+        },
+    }
+    docs = render(values)
+    prefix = f"{RELEASE}-mokka-"
+    mine = {
+        (d["kind"], d["metadata"]["name"].removeprefix(prefix))
+        for d in docs
+        if d["metadata"]["name"] in (f"{prefix}prometheus", f"{prefix}fleet-metrics", f"{prefix}dcgm-exporter-pods")
+    }
+    assert mine == {
+        ("ConfigMap", "prometheus"),
+        ("Deployment", "prometheus"),
+        ("Service", "prometheus"),
+        ("Service", "fleet-metrics"),
+        ("Service", "dcgm-exporter-pods"),
+    }
+    assert not [d for d in docs if d["kind"] in ("Role", "ClusterRole") and "prometheus" in d["metadata"]["name"]]
+    config = yaml.safe_load(one_named(docs, "ConfigMap", f"{prefix}prometheus")["data"]["prometheus.yml"])
+    assert config["global"]["scrape_interval"] == "2s"
+    jobs = {j["job_name"]: j["dns_sd_configs"][0] for j in config["scrape_configs"]}
+    assert jobs["fleet-controller"]["names"] == [f"{prefix}fleet-metrics.{NAMESPACE}.svc"]
+    assert jobs["fleet-controller"]["port"] == 8080 and jobs["dcgm-exporter"]["port"] == 9400
+    for svc in ("fleet-metrics", "dcgm-exporter-pods"):
+        assert one_named(docs, "Service", prefix + svc)["spec"]["clusterIP"] == "None"
+    for kind, name in (("Deployment", "fleet"), ("DaemonSet", "dcgm-exporter")):
+        annotations = one_named(docs, kind, prefix + name)["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"]
+    pod = one_named(docs, "Deployment", f"{prefix}prometheus")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert "kwok" in json.dumps(pod["affinity"])  # never on a virtual node
+    assert one_named(docs, "Service", f"{prefix}prometheus")["spec"]["ports"][0]["port"] == 9090
+
+
+def one_named(docs: Docs, kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found

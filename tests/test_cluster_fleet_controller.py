@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cluster_fixtures import install_chart, wait_for
+from cluster_fixtures import import_prometheus, install_chart, wait_for
 
 from gpumodel import profile
 from localcluster.cluster import Cluster
@@ -26,7 +26,8 @@ NS = "mokka-fleet"
 POOL_LABEL = "mokka.io/virtual-pool"
 CONTROLLER = "node-mokka-fleet"  # the Deployment (release "node", as install_chart names it)
 LEASE = "mokka-fleet-controller"
-VALUES = {"fleet": {"enabled": True}, "faults": {"enabled": True}}
+VALUES: dict[str, Any] = {"fleet": {"enabled": True}, "faults": {"enabled": True}}
+PROMETHEUS = "node-mokka-prometheus"  # the chart's integrations.prometheus Service
 FAULTS = "node-mokka-faults"  # the chart's fault ConfigMap
 
 
@@ -59,8 +60,9 @@ def logs(cluster: Cluster, pod: str) -> str:
 def fleet(kube_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The chart's fleet: the CRD, the controller and KWOK, from Mokka's image built here."""
     tmp = tmp_path_factory.mktemp("fleet-controller")
-    only = ("fleet-crd.yaml", "fleet-controller.yaml", "fleet-kwok.yaml", "faults.yaml")
-    rendered = install_chart(kube_cluster, NS, VALUES, tmp, only=only)
+    only = ("fleet-crd.yaml", "fleet-controller.yaml", "fleet-kwok.yaml", "faults.yaml", "prometheus.yaml")
+    prometheus = {"enabled": True, "scrapeInterval": "2s", "image": import_prometheus(kube_cluster, tmp)}
+    rendered = install_chart(kube_cluster, NS, {**VALUES, "integrations": {"prometheus": prometheus}}, tmp, only=only)
     try:
         leader = wait_for("the controller holding its Lease", lambda: holder(kube_cluster), 180)
         assert leader in running(kube_cluster, 1)
@@ -438,13 +440,18 @@ def test_bench_fleet_prints_every_figure_and_cleans_up(fleet: Cluster) -> None:
 
     argv = [sys.executable, "-m", "mokka.cli", "bench", "fleet", "--kubeconfig", str(fleet.kubeconfig)]
     argv += ["--namespace", NS, "--nodes", "200", "--profile", "b200", "--pool", "bench"]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    res = subprocess.run([*argv, "--prometheus", PROMETHEUS], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     figures = [line.split("  ")[0] for line in res.stdout.splitlines()]
     for figure in ("200 nodes made", "node creation", "200 nodes Ready", "pool deleted -> every node gone"):
         assert figure in figures, res.stdout
     assert "nodes/s" in res.stdout and ">= 500 nodes/s" in res.stdout
     assert "controller: reconcile_seconds_count" in res.stdout, res.stdout
+    # read back from the chart's Prometheus, which scraped the controller during the run
+    scraped = {line.split("  ")[0]: line.split()[-1] for line in res.stdout.splitlines() if line.startswith("prom")}
+    assert scraped["prometheus: nodes Ready (max)"] == "200", res.stdout
+    assert scraped["prometheus: allocatable GPUs (max)"] == "1600", res.stdout
+    assert float(scraped["prometheus: reconciles during the run"]) >= 1, res.stdout
     assert not nodes(fleet, f"{POOL_LABEL}=bench")
     apply_pool(fleet, "taken", profile="t4", replicas=1)
     taken = subprocess.run([*argv[:-2], "--pool", "taken"], capture_output=True, text=True, timeout=120)

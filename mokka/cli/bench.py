@@ -193,8 +193,22 @@ def bench_fault(profile_name: str, gpus: int | None, cli_rounds: int, rounds: in
 @KUBECONFIG_OPTION
 @click.option("--keep", is_flag=True, help="Leave the pool and its nodes (not deleted or timed).")
 @click.option("--timeout", type=click.IntRange(1), default=900, show_default=True, help="Seconds for each phase.")
+@click.option(
+    "--prometheus",
+    default=None,
+    metavar="SERVICE[:PORT]",
+    help="A Prometheus Service in --namespace scraping the controller (the chart's integrations.prometheus: "
+    "<release>-mokka-prometheus): the run's figures are read back from it too.",
+)
 def bench_fleet(
-    nodes: int, profile_name: str, pool: str, namespace: str, kubeconfig: Path | None, keep: bool, timeout: int
+    nodes: int,
+    profile_name: str,
+    pool: str,
+    namespace: str,
+    kubeconfig: Path | None,
+    keep: bool,
+    timeout: int,
+    prometheus: str | None,
 ) -> None:
     """The chart's fleet on the cluster it runs on (helm install ... --set fleet.enabled=true): a pool
     of NODES virtual nodes applied, followed through one watch until every node exists (the creation
@@ -208,7 +222,7 @@ def bench_fleet(
         fail(f"--profile {profile_name}: not a built-in profile ({', '.join(profile.builtin_names())})")
     try:
         api = cluster.load_client(str(kubeconfig) if kubeconfig else None)
-        result = fleet_bench.run(api, nodes, profile_name, pool, namespace, keep, timeout)
+        result = fleet_bench.run(api, nodes, profile_name, pool, namespace, keep, timeout, prometheus)
     except (cluster.ClusterError, fleet_bench.BenchError) as exc:
         fail(str(exc))
     width = max(len(r[0]) for r in result.rows())
