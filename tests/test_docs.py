@@ -71,3 +71,17 @@ def test_the_home_page_starts_with_the_readmes_two_commands() -> None:
     two = readme.split("```sh\n", 1)[1].split("```", 1)[0]
     assert two.count("\n") == 2 and ".ci/setup --tests && .venv/bin/python -m pytest" in two
     assert two in (REPO / "docs" / "index.md").read_text()
+
+
+def test_the_quick_start_names_only_commands_that_exist() -> None:
+    """Every `mokka ...` the Quick start shows is a command (the two CI commands run as written)."""
+    import re
+
+    text = (REPO / "docs" / "quickstart.md").read_text()
+    paths = {path for path, _ in reference.commands()}
+    said = re.findall(r"(?<!install )(?<![\w/-])mokka((?: [a-z][a-z-]*)+)", text)  # not helm's release name
+    assert len(said) >= 8
+    for words in said:
+        parts = ["mokka", *words.split()]
+        named = next((" ".join(parts[:i]) for i in range(len(parts), 1, -1) if " ".join(parts[:i]) in paths), None)
+        assert named is not None and named != "mokka", f"mokka{words}"
