@@ -6,6 +6,7 @@ model, every chart value from ``charts/mokka/values.schema.json`` with its defau
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ PAGES = {
     "reference/commands.md": "commands",
     "reference/profile.md": "profile",
     "reference/values.md": "values",
+    "reference/errors.md": "errors",
 }
 
 
@@ -196,5 +198,58 @@ def values_page() -> str:
     return "\n".join(out) + "\n"
 
 
+# ---------------------------------------------------------------------------------------- errors
+
+ERROR_CALLS = {"fail", "ClusterError", "PoolError", "ProfileError", "FaultError", "BenchError", "ProviderError"}
+
+
+def _template(node: ast.expr) -> str | None:
+    """A message argument as a template: literal text, each interpolated value as ``…``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else "…" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _template(node.left), _template(node.right)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def errors() -> Iterator[tuple[str, int, str]]:
+    """(file, line, message template) of every one-line error the code raises for a user to read:
+    the command line's ``fail(...)`` and the errors it turns into one line."""
+    for package in ("mokka", "localcluster", "virtualfleet", "gpumodel", "bench", "hostsetup", "k8snode"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            if "_pb" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not (isinstance(node, ast.Call) and node.args):
+                    continue
+                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+                if name in ERROR_CALLS and (text := _template(node.args[0])):
+                    yield str(path.relative_to(REPO)), node.lineno, " ".join(text.split())
+
+
+def errors_page() -> str:
+    out = [
+        "# Errors",
+        "",
+        "The one-line errors Mokka's code raises by name for a user to read (`mokka: error: ...` on the "
+        "command line, a pool's `Ready` condition, a failed `cluster up`): the command line's `fail(...)` and "
+        f"the project's error types ({', '.join(sorted(ERROR_CALLS - {'fail'}))}), generated from the code; `…` "
+        "stands for what the message fills in (a path, a name, a value). Messages passed on from Python's "
+        "own errors (a ValueError's) are not listed. Each says what is wrong and where; bad input changes nothing.",
+        "",
+    ]
+    current = ""
+    for path, line, text in errors():
+        if path != current:
+            out += ["", f"## `{path}`", "", "| line | message |", "|---|---|"]
+            current = path
+        out.append(f"| {line} | {_cell(text)} |")
+    return "\n".join(out) + "\n"
+
+
 def page(name: str) -> str:
-    return {"commands": commands_page, "profile": profile_page, "values": values_page}[name]()
+    pages = {"commands": commands_page, "profile": profile_page, "values": values_page, "errors": errors_page}
+    return pages[name]()

@@ -1,7 +1,7 @@
 """The documentation site (``mkdocs.yml``, ``docs/``): ``mkdocs build --strict`` passes (a broken link
 or a missing page fails it); the generated reference names every ``mokka`` command, every chart
-value of ``values.yaml`` and every profile field; the home page starts with the README's two
-commands."""
+value of ``values.yaml``, every profile field and the errors raised by name; the home page starts
+with the README's two commands."""
 
 from __future__ import annotations
 
@@ -59,6 +59,9 @@ def test_the_reference_names_every_command_value_and_field() -> None:
 
     missing = [leaf for leaf in leaves if not covered(leaf)]
     assert missing == [], f"values.yaml keys the schema (so the reference) does not declare: {missing}"
+    errors = reference.page("errors")
+    assert len(list(reference.errors())) > 100
+    assert "--karpenter: no --virtual pool to provision nodes for" in errors
     profile = reference.page("profile")
     fields = [path for path, _, _ in reference.profile_fields()]
     assert "gpu.fabric.degraded_bandwidth" in fields
