@@ -34,7 +34,8 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     ]
     res = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    for page in ("index.html", "manual/index.html", *(f"{p.removesuffix('.md')}/index.html" for p in reference.PAGES)):
+    pages = ("index.html", "quickstart/index.html", "concepts/index.html", "manual/index.html")
+    for page in (*pages, *(f"{p.removesuffix('.md')}/index.html" for p in reference.PAGES)):
         assert (tmp_path / page).is_file(), page
     assert "mokka karpenter-config" in (tmp_path / "reference/commands/index.html").read_text()
 
@@ -88,3 +89,17 @@ def test_the_quick_start_names_only_commands_that_exist() -> None:
         parts = ["mokka", *words.split()]
         named = next((" ".join(parts[:i]) for i in range(len(parts), 1, -1) if " ".join(parts[:i]) in paths), None)
         assert named is not None and named != "mokka", f"mokka{words}"
+
+
+def test_the_readme_is_one_screen_that_leads_into_the_docs() -> None:
+    """The README: the two commands first, what Mokka is, the pip path, the consumers with the tests
+    that run them (each test file exists), and links into the docs (each page exists)."""
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    assert readme.startswith("# Mokka\n\n```sh\n.ci/setup && .venv/bin/mokka demo")
+    assert len(readme.splitlines()) <= 70
+    for test in set(re.findall(r"`(test_[a-z0-9_]+\.py)`", readme)):
+        assert (REPO / "tests" / test).is_file(), test
+    for link in re.findall(r"\]\((docs/[^)#]+)", readme):
+        assert (REPO / link).is_file(), link

@@ -12,7 +12,7 @@ from .root import fail, main
 
 @main.group("gpu-operator")
 def gpu_operator() -> None:
-    """NVIDIA's GPU Operator over Mokka's chart on your own cluster (see the README's GPU Operator section)."""
+    """NVIDIA's GPU Operator over Mokka's chart on your own cluster (docs/manual.md: GPU Operator)."""
 
 
 @gpu_operator.command("values")
