@@ -1,6 +1,6 @@
 """The kernel log lines the NVIDIA driver prints for an Xid, appended to a staged log file.
 
-Format of the 535/550/570 drivers (``krcReportXid``; see docs/manual.md's "Kernel log")::
+Format of the 535/550/570 drivers (``krcReportXid``; see docs/guides/faults.md, "Kernel log")::
 
     NVRM: GPU at PCI:0000:1a:00: GPU-4f2c...            once per GPU and driver load, before its first Xid
     NVRM: GPU Board Serial Number: 1650000000001

@@ -1,4 +1,4 @@
-"""NVIDIA's GPU Operator over Mokka's chart, as the manual tells a user to run it on a cluster of
+"""NVIDIA's GPU Operator over Mokka's chart, as docs/guides/gpu-operator.md tells a user to run it on a cluster of
 their own: Mokka's chart (its DaemonSet from Mokka's node image) stages each node at
 /var/lib/mokka, runs the NRI plugin with ``plugin.allocator=external`` and writes the NFD feature
 file; the operator's images are on the nodes (``mokka gpu-operator images``); the operator's chart
@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow, needs_gpu_operator]
 MOKKA_NS = "mokka-system"
 USERS_CHART = "v25.3.4-user.1"
 GPUS = 2
-# What the manual gives for Mokka's chart under the GPU Operator (containerdConfig.install aside).
+# What docs/guides/gpu-operator.md gives for Mokka's chart under the GPU Operator (containerdConfig.install aside).
 MOKKA_VALUES = {"gpu": {"profile": "h100", "count": GPUS}, "plugin": {"allocator": "external"}}
 
 

@@ -1,7 +1,7 @@
 """NVIDIA's DRA driver beside Mokka's chart, as a user installs them on a real cluster: Mokka's chart
 (its DaemonSet from Mokka's node image) stages the node at its default root, /var/lib/mokka, and
 runs the NRI plugin (allocator external) and the node labeller; NVIDIA's chart is installed as
-usual with the values the manual gives (``nvidiaDriverRoot: /var/lib/mokka/driver``,
+usual with the values docs/guides/nvidia-dra.md gives (``nvidiaDriverRoot: /var/lib/mokka/driver``,
 ``altProcDevices: /var/lib/mokka/driver/proc/devices``). The node's profile is Mokka's chart's
 ``customProfile``: two H100s, the first in MIG mode (four MIG devices). The cluster runs no GPU
 stack of its own. Skips where NVIDIA's binaries and chart are not at hand."""

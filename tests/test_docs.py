@@ -34,7 +34,9 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     ]
     res = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    pages = ("index.html", "quickstart/index.html", "concepts/index.html", "manual/index.html")
+    guides = [f"guides/{p.stem}/index.html" for p in (REPO / "docs" / "guides").glob("*.md")]
+    pages = ("index.html", "quickstart/index.html", "concepts/index.html", *guides)
+    assert len(guides) >= 15
     for page in (*pages, *(f"{p.removesuffix('.md')}/index.html" for p in reference.PAGES)):
         assert (tmp_path / page).is_file(), page
     assert "mokka karpenter-config" in (tmp_path / "reference/commands/index.html").read_text()

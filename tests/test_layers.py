@@ -93,7 +93,9 @@ def all_modules() -> dict[str, Path]:
 
 def test_every_package_is_placed() -> None:
     packages = {p.parent.name for p in REPO.glob("*/__init__.py")}
-    assert packages == set(LAYERS), "a new top-level package needs a layer in LAYERS (and in docs/manual.md's layout)"
+    assert packages == set(LAYERS), (
+        "a new top-level package needs a layer in LAYERS (and in docs/guides/architecture.md)"
+    )
 
 
 @pytest.mark.parametrize("package", sorted(LAYERS))

@@ -12,7 +12,7 @@ from .root import fail, main
 
 @main.group("gpu-operator")
 def gpu_operator() -> None:
-    """NVIDIA's GPU Operator over Mokka's chart on your own cluster (docs/manual.md: GPU Operator)."""
+    """NVIDIA's GPU Operator over Mokka's chart on your own cluster (docs/guides/gpu-operator.md)."""
 
 
 @gpu_operator.command("values")
