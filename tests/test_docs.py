@@ -79,11 +79,12 @@ def test_the_home_page_starts_with_the_readmes_two_commands() -> None:
     assert two in (REPO / "docs" / "index.md").read_text()
 
 
-def test_the_quick_start_names_only_commands_that_exist() -> None:
-    """Every `mokka ...` the Quick start shows is a command (the two CI commands run as written)."""
+def test_the_quick_start_and_the_ci_guide_name_only_commands_that_exist() -> None:
+    """Every `mokka ...` the Quick start and the CI guide show is a command (the two CI commands run
+    as written)."""
     import re
 
-    text = (REPO / "docs" / "quickstart.md").read_text()
+    text = (REPO / "docs" / "quickstart.md").read_text() + (REPO / "docs" / "guides" / "ci.md").read_text()
     paths = {path for path, _ in reference.commands()}
     said = re.findall(r"(?<!install )(?<![\w/-])mokka((?: [a-z][a-z-]*)+)", text)  # not helm's release name
     assert len(said) >= 8
