@@ -413,8 +413,14 @@ def _apply_one(c: _Context, fault: Any) -> None:
         raise FaultError(f"unknown fault {fault!r}")
 
 
+# nvmlReturn_t NVML_ERROR_NOT_READY: a probe still In Progress has no result (as while the fabric
+# manager is not ready, native/src/device.c).
+NVML_ERROR_NOT_READY = 27
+
+
 def _fabric(c: _Context, wanted: str) -> None:
-    """The fabric probe and health mask as fault ``wanted`` says, the profile's kept to restore."""
+    """The fabric probe and health mask as fault ``wanted`` says, the profile's kept to restore
+    (``saved_fabric``: state | health << 8 | status << 16)."""
     g, f = c.g, c.g.faults
     held = bool(f.misc & state.const("MOKKA_FAULT_FABRIC"))
     if wanted == "healthy":
@@ -427,26 +433,29 @@ def _fabric(c: _Context, wanted: str) -> None:
     if not held:
         if int(g.fabric_state) == state.FABRIC_STATES["Not Supported"]:
             raise FaultError(f"GPU {c.gpu.index} has no NVLink fabric (fabric state Not Supported), fabric")
-        f.saved_fabric = int(g.fabric_state) | int(g.fabric_health) << 8
+        f.saved_fabric = int(g.fabric_state) | int(g.fabric_health) << 8 | int(g.fabric_status) << 16
         f.misc |= state.const("MOKKA_FAULT_FABRIC")
-    saved_state, saved_health = int(f.saved_fabric) & 0xFF, int(f.saved_fabric) >> 8
+    saved = int(f.saved_fabric)
+    saved_state, saved_health, saved_status = saved & 0xFF, saved >> 8 & 0xFF, saved >> 16
     if wanted == "degraded":
         if saved_health == 0:
             _restore_fabric(c)
             raise FaultError(
                 f"GPU {c.gpu.index} reports no fabric health (the profile's fabric has no degraded_bandwidth), fabric"
             )
-        g.fabric_state, g.fabric_health = saved_state, state.FABRIC_BW_DEGRADED
+        g.fabric_state, g.fabric_health, g.fabric_status = saved_state, state.FABRIC_BW_DEGRADED, saved_status
         c.notes.append("fabric bandwidth degraded")
     else:
         g.fabric_state, g.fabric_health = state.FABRIC_STATES["In Progress"], saved_health
+        g.fabric_status = NVML_ERROR_NOT_READY
         c.notes.append("fabric probe In Progress")
 
 
 def _restore_fabric(c: _Context) -> None:
-    f = c.g.faults
+    g, f = c.g, c.g.faults
     if f.misc & state.const("MOKKA_FAULT_FABRIC"):
-        c.g.fabric_state, c.g.fabric_health = int(f.saved_fabric) & 0xFF, int(f.saved_fabric) >> 8
+        saved = int(f.saved_fabric)
+        g.fabric_state, g.fabric_health, g.fabric_status = saved & 0xFF, saved >> 8 & 0xFF, saved >> 16
         f.misc &= ~state.const("MOKKA_FAULT_FABRIC")
         f.saved_fabric = 0
 

@@ -203,7 +203,7 @@ typedef struct {
     uint32_t retired_added[2];  /* pages added: single-bit, double-bit */
     uint32_t histogram_moved[5];  /* banks moved into each histogram bucket (out of `max`) */
     uint32_t misc;              /* MOKKA_FAULT_* */
-    uint32_t saved_fabric;      /* while a fabric fault holds: fabric_state | fabric_health << 8 */
+    uint32_t saved_fabric;      /* while a fabric fault holds: state | health << 8 | status << 16 */
     uint64_t ecc_added[2][2][MOKKA_ECC_LOCATIONS];  /* as ecc_counts */
     uint64_t nvlink_errors[MOKKA_MAX_NVLINKS][MOKKA_NVLINK_COUNTERS];
 } mokka_faults_t;

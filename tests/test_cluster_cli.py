@@ -102,6 +102,14 @@ def test_up_refuses_an_unknown_profile(tmp_path: Path) -> None:
     assert not (tmp_path / "c").exists()
 
 
+def test_up_refuses_karpenter_without_a_pool_it_can_provision(tmp_path: Path) -> None:
+    base = str(tmp_path / "c")
+    one_error_line(mokka("cluster", "up", "--dir", base, "--karpenter"), "--karpenter: no --virtual pool")
+    dra = mokka("cluster", "up", "--dir", base, "--karpenter", "--virtual", "h100=0", "--allocator", "dra")
+    one_error_line(dra, "--allocator dra")
+    assert not (tmp_path / "c").exists()
+
+
 def test_up_needs_root(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to switch to an unprivileged user")

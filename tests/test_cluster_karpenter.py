@@ -7,6 +7,8 @@ they are gone consolidation removes the nodes, and the pools are empty again."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -86,6 +88,15 @@ def test_pending_gpu_pods_get_nodes_of_their_pools_and_consolidation_removes_the
                 lambda pool=pool: pool_status(cluster, pool).get("adoptedNodes") == 1,
                 60,
             )
+        status = subprocess.run(
+            [sys.executable, "-m", "mokka.cli", "cluster", "status", "--dir", str(cluster.layout.base)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        rows = {
+            ln.split()[0]: ln.split() for ln in status.stdout.splitlines() if ln.split()[:1] in (["h100"], ["t4-1"])
+        }
+        assert rows["h100"][2:] == ["0", "0", "0", "8", "1"], status.stdout  # its own nodes 0, Karpenter's 1
+        assert rows["t4-1"][-1] == "1", status.stdout
     finally:
         for name in names:
             core.delete_namespaced_pod(name, "default", grace_period_seconds=0)

@@ -100,7 +100,7 @@ def test_status_summarises_the_virtual_pool(cluster: Cluster) -> None:
     res = mokka("cluster", "status", "--dir", str(cluster.layout.base))
     assert res.returncode == 0, res.stdout + res.stderr
     row = next(ln.split() for ln in res.stdout.splitlines() if ln.startswith("h100 "))
-    assert row == ["h100", "h100", str(VIRTUAL), str(VIRTUAL), str(8 * VIRTUAL), str(8 * VIRTUAL)]
+    assert row == ["h100", "h100", str(VIRTUAL), str(VIRTUAL), str(8 * VIRTUAL), str(8 * VIRTUAL), "0"]
 
 
 def test_a_thousand_gpu_pods_are_scheduled_over_the_virtual_nodes(cluster: Cluster, core: Any) -> None:
@@ -368,7 +368,7 @@ def test_virtual_nodes_carry_the_mig_resources_and_labels(tmp_path_factory: pyte
 def test_bad_virtual_and_fgo_options_are_one_line() -> None:
     for args, words in (
         (["--virtual", "h100"], "expected PROFILE[:GPUS]=COUNT"),
-        (["--virtual", "h100=0"], "whole number from 1"),
+        (["--virtual", "h100=-1"], "whole number from 0"),  # (h100=0 is an empty pool: valid)
         (["--virtual", "nope=3"], "nope"),
         (["--fgo", "pool=h100"], "expected POOL=PROFILE:COUNT"),
         (["--fgo", "Pool=h100:2"], "lowercase"),

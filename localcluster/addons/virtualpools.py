@@ -203,6 +203,7 @@ def pool_status(ctx: Context, made: Sequence[Made]) -> list[dict[str, Any]]:
                 "nodes": nodes,
                 "wanted": p.count,
                 "ready": int(status.get("readyReplicas", 0)),
+                "adopted": int(status.get("adoptedNodes", 0)),  # made elsewhere (Karpenter's), decorated
                 "gpus": nodes * int(status.get("gpusPerNode", p.gpus)),
                 "allocatable_gpus": int(status.get("allocatableGPUs", 0)),
             }

@@ -330,11 +330,13 @@ def status_cmd(base: Path) -> None:
         for name, state in n["processes"].items():
             click.echo(f"  {name:<30}{state}")
     if status["virtual"]:
-        click.echo(f"{'virtual pool':<20}{'profile':<18}{'nodes':>7}{'ready':>7}{'gpus':>8}{'allocatable':>13}")
+        click.echo(
+            f"{'virtual pool':<20}{'profile':<18}{'nodes':>7}{'ready':>7}{'gpus':>8}{'allocatable':>13}{'adopted':>9}"
+        )
         for p in status["virtual"]:
             click.echo(
                 f"{p['pool']:<20}{p['spec'].rpartition('=')[0]:<18}{p['nodes']:>7}{p['ready']:>7}{p['gpus']:>8}"
-                f"{p['allocatable_gpus']:>13}"
+                f"{p['allocatable_gpus']:>13}{p['adopted']:>9}"
             )
     if status["fgo"]:
         click.echo(f"{'FGO pool':<20}{'profile':<18}{'nodes':>7}{'ready':>7}{'allocatable':>13}  product")
