@@ -420,7 +420,7 @@ NVML_ERROR_NOT_READY = 27
 
 def _fabric(c: _Context, wanted: str) -> None:
     """The fabric probe and health mask as fault ``wanted`` says, the profile's kept to restore
-    (``saved_fabric``: state | health << 8 | status << 16)."""
+    (:func:`_saved_fabric`). A FaultError leaves the state as it was (the change is discarded)."""
     g, f = c.g, c.g.faults
     held = bool(f.misc & state.const("MOKKA_FAULT_FABRIC"))
     if wanted == "healthy":
@@ -435,11 +435,9 @@ def _fabric(c: _Context, wanted: str) -> None:
             raise FaultError(f"GPU {c.gpu.index} has no NVLink fabric (fabric state Not Supported), fabric")
         f.saved_fabric = int(g.fabric_state) | int(g.fabric_health) << 8 | int(g.fabric_status) << 16
         f.misc |= state.const("MOKKA_FAULT_FABRIC")
-    saved = int(f.saved_fabric)
-    saved_state, saved_health, saved_status = saved & 0xFF, saved >> 8 & 0xFF, saved >> 16
+    saved_state, saved_health, saved_status = _saved_fabric(f)
     if wanted == "degraded":
         if saved_health == 0:
-            _restore_fabric(c)
             raise FaultError(
                 f"GPU {c.gpu.index} reports no fabric health (the profile's fabric has no degraded_bandwidth), fabric"
             )
@@ -451,11 +449,17 @@ def _fabric(c: _Context, wanted: str) -> None:
         c.notes.append("fabric probe In Progress")
 
 
+def _saved_fabric(f: Any) -> tuple[int, int, int]:
+    """The profile's fabric state, health mask and status, as a fabric fault keeps them in
+    ``saved_fabric`` (state | health << 8 | status << 16)."""
+    saved = int(f.saved_fabric)
+    return saved & 0xFF, saved >> 8 & 0xFF, saved >> 16
+
+
 def _restore_fabric(c: _Context) -> None:
     g, f = c.g, c.g.faults
     if f.misc & state.const("MOKKA_FAULT_FABRIC"):
-        saved = int(f.saved_fabric)
-        g.fabric_state, g.fabric_health, g.fabric_status = saved & 0xFF, saved >> 8 & 0xFF, saved >> 16
+        g.fabric_state, g.fabric_health, g.fabric_status = _saved_fabric(f)
         f.misc &= ~state.const("MOKKA_FAULT_FABRIC")
         f.saved_fabric = 0
 

@@ -70,6 +70,12 @@ class ApiServer:
         except ValueError as exc:
             raise ClusterError(f"GET {path}: {exc}") from None
 
+    def established(self, crd: str) -> bool:
+        """Whether CustomResourceDefinition ``crd`` is Established (the API server serves its kind)."""
+        obj = self.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
+        conditions = obj.get("status", {}).get("conditions") or []
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
     def get_text(self, path: str, timeout: float = 5) -> str:
         """The body at ``path`` as text (e.g. a pod's /metrics through the API server's proxy)."""
         try:

@@ -160,13 +160,17 @@ def by_node(
         if not keys:
             continue
         gpus = gpus_of(node)
-        for key in keys:
-            try:
-                health_of([(f"fault entry {key}", entries[key])], gpus)
-            except (scenario.ScenarioError, gpufaults.FaultError, ValueError) as exc:
-                warn(str(exc).splitlines()[0])
-                bad.add(key)
-        health = health_of([(f"fault entry {k}", entries[k]) for k in keys if k not in bad], gpus)
+        try:
+            health = health_of([(f"fault entry {k}", entries[k]) for k in keys], gpus)
+        except (scenario.ScenarioError, gpufaults.FaultError, ValueError):
+            # which entry: each alone, told once and left out from then on
+            for key in keys:
+                try:
+                    health_of([(f"fault entry {key}", entries[key])], gpus)
+                except (scenario.ScenarioError, gpufaults.FaultError, ValueError) as exc:
+                    warn(str(exc).splitlines()[0])
+                    bad.add(key)
+            health = health_of([(f"fault entry {k}", entries[k]) for k in keys if k not in bad], gpus)
         if health:
             out[node] = health
     return out

@@ -103,15 +103,9 @@ def _install_crds(ctx: Context, api: Any, files: Sequence[Path]) -> None:
                     raise
             names.append(doc["metadata"]["name"])
 
-    def established() -> bool:
-        for name in names:
-            raw = ext.read_custom_resource_definition(name, _preload_content=False)
-            conditions = json.loads(raw.data).get("status", {}).get("conditions") or []
-            if not any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-                return False
-        return True
-
-    ctx.wait("Karpenter's CRDs established", established, timeout=60, poll=0.2)
+    ctx.wait(
+        "Karpenter's CRDs established", lambda: all(ctx.apiserver.established(n) for n in names), timeout=60, poll=0.2
+    )
 
 
 def _pools_ready(custom: Any, names: Sequence[str]) -> bool:

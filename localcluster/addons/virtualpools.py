@@ -125,12 +125,7 @@ def _install_api(ctx: Context, api: Any) -> None:
     )
     client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}}, _preload_content=False)
 
-    def established() -> bool:
-        raw = client.ApiextensionsV1Api(api).read_custom_resource_definition(crd.NAME, _preload_content=False)
-        conditions = json.loads(raw.data).get("status", {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    ctx.wait("the VirtualGPUPool API established", established, timeout=60, poll=0.2)
+    ctx.wait("the VirtualGPUPool API established", lambda: ctx.apiserver.established(crd.NAME), timeout=60, poll=0.2)
 
 
 def _create_pool(api: Any, spec: VirtualSpec, mig_strategy: str, dra: bool) -> None:

@@ -82,7 +82,7 @@ def _virtual_fault(c: Any, node: str, gpu: str | None, kind: str, fields: dict[s
     from gpumodel import faults, scenario
     from localcluster.addons.virtualpools import find, read_fault, write_fault
     from localcluster.cluster import ClusterError
-    from virtualfleet.faults import fault_effect, finding, health_of, node_gpus
+    from virtualfleet.faults import fault_effect, health_of, node_gpus
 
     pool = find(c.pools, node)
     assert pool is not None
@@ -93,7 +93,7 @@ def _virtual_fault(c: Any, node: str, gpu: str | None, kind: str, fields: dict[s
     except (faults.FaultError, ValueError) as exc:
         fail(f"{exc}, --node {node}")
         return
-    if effect == "unchanged" and finding(kind, fields) is None and kind not in ("nvlink", "fabric"):
+    if effect == "unchanged" and kind == "xid":  # an application Xid: nothing any watcher shows
         for i in indices:
             click.echo(f"GPU {i}: {why}")
         return
