@@ -21,7 +21,8 @@ import time
 import uuid
 from typing import Any
 
-from .profile import Profile, ProfileError
+from .infiniband import derived_guid
+from .profile import Profile, ProfileError, format_guid
 
 __all__ = [
     "NVL_DOMAIN_GPUS",
@@ -52,12 +53,18 @@ def gpu_identity(profile: str, node: str, index: int) -> tuple[str, str]:
 
 
 def as_node(profile: Profile, node: str) -> Profile:
-    """``profile`` on node ``node`` of a fleet: its GPUs' UUIDs and serials are this node's own."""
+    """``profile`` on node ``node`` of a fleet: its GPUs' UUIDs and serials, and its InfiniBand
+    adapters' GUIDs, are this node's own."""
     fields = {}
     for device in profile.devices():
         gpu_uuid, serial = gpu_identity(profile.name, node, device.index)
         fields[device.index] = {"uuid": gpu_uuid, "serial": serial}
-    return _with_gpu_fields(profile, fields)
+    out = _with_gpu_fields(profile, fields)
+    ib = profile.infiniband
+    if ib is None or ib.guids:  # GUIDs the profile lists are the user's: kept
+        return out
+    guids = [format_guid(derived_guid(f"{profile.name}:{node}", n)) for n in range(ib.count)]
+    return out.model_copy(update={"infiniband": ib.model_copy(update={"guids": guids})})
 
 
 def rack_cluster_uuid(rack: str) -> str:

@@ -25,6 +25,7 @@ from . import mig as migmodel
 from .dynamic import Dynamic, bounds
 
 MAX_GPUS = 64
+MAX_HCAS = 32
 MAX_GRAPHICS_CLOCKS = 512  # MOKKA_MAX_GFX_CLOCKS in native/mokka_state.h (a test checks they agree)
 DEFAULT_DRIVER = "550.163.01"
 DEFAULT_CUDA = "12.4"
@@ -437,6 +438,97 @@ class Topology(Strict):
         return [normalize_bus_id(b) for b in v]
 
 
+# Per-lane data rate in Gb/s of each InfiniBand speed (IBTA; ib_verbs' rate names).
+LANE_GBPS = {"SDR": 2.5, "DDR": 5, "QDR": 10, "FDR10": 10, "FDR": 14, "EDR": 25, "HDR": 50, "NDR": 100, "XDR": 200}
+WIDTHS = {"1X": 1, "2X": 2, "4X": 4, "8X": 8, "12X": 12}
+MELLANOX_VENDOR = 0x15B3
+INFINIBAND_CLASS = 0x020700  # PCI class: network controller, InfiniBand
+ETHERNET_CLASS = 0x020000
+
+
+class InfiniBand(Strict):
+    """The node's InfiniBand adapters (NVIDIA ConnectX, kernel driver mlx5)."""
+
+    model: str = Field(min_length=1, description="marketing name, e.g. ConnectX-7")
+    hca_type: str = Field(pattern=r"^MT\d+$", description="the kernel's hca_type, e.g. MT4129 (ConnectX-7)")
+    device_id: int = Field(description="PCI device id, e.g. 0x1021 (ConnectX-7); vendor 0x15b3")
+    subsystem_device_id: int = Field(0, description="PCI subsystem device id (subsystem vendor 0x15b3)")
+    revision: int = 0
+    board_id: str = Field(min_length=1, description="PSID, e.g. MT_0000000838")
+    fw_version: str = Field(pattern=r"^\d+\.\d+\.\d+$", description="e.g. 28.39.1002")
+    hw_rev: str = "0"
+    count: int = Field(ge=1, le=MAX_HCAS, description="adapters on the node")
+    ports: int = Field(1, ge=1, le=2, description="ports per adapter (each ConnectX port is its own mlx5 device)")
+    speed: Literal["SDR", "DDR", "QDR", "FDR10", "FDR", "EDR", "HDR", "NDR", "XDR"] = "NDR"
+    width: Literal["1X", "2X", "4X", "8X", "12X"] = "4X"
+    link_layer: Literal["InfiniBand", "Ethernet"] = "InfiniBand"
+    pcie_gen: int = Field(5, ge=1, le=6)
+    pcie_width: int = Field(16, ge=1, le=32)
+    gpus: list[int | None] = Field(
+        default_factory=list, description="the GPU each adapter is paired with (same PCIe switch); default HCA i: GPU i"
+    )
+    bus_ids: list[str] = Field(default_factory=list, description="PCI addresses; default: beside the paired GPU")
+    guids: list[str] = Field(default_factory=list, description="node GUIDs; default: derived from the node's identity")
+
+    @field_validator("bus_ids")
+    @classmethod
+    def _bus_ids(cls, v: list[str]) -> list[str]:
+        for item in v:
+            parse_bus_id(item)
+        if len({normalize_bus_id(b) for b in v}) != len(v):
+            raise ValueError("bus ids must be unique")
+        return [normalize_bus_id(b) for b in v]
+
+    @field_validator("guids")
+    @classmethod
+    def _guids(cls, v: list[str]) -> list[str]:
+        out = [format_guid(parse_guid(g)) for g in v]
+        seen: set[str] = set()
+        for g in out:
+            if g in seen:
+                raise ValueError(f"GUID {g} appears twice (every adapter has its own)")
+            seen.add(g)
+        return out
+
+    @model_validator(mode="after")
+    def _lists_fit(self) -> InfiniBand:
+        for field in ("gpus", "bus_ids", "guids"):
+            if len(getattr(self, field)) > self.count:
+                raise ValueError(f"{field}: {len(getattr(self, field))} entries for count {self.count}")
+        return self
+
+    @property
+    def rate_gbps(self) -> float:
+        return LANE_GBPS[self.speed] * WIDTHS[self.width]
+
+    @property
+    def rate_text(self) -> str:
+        """The port's ``rate`` as sysfs words it: ``400 Gb/sec (4X NDR)``."""
+        rate = self.rate_gbps
+        return f"{rate:g} Gb/sec ({self.width} {self.speed})"
+
+    @property
+    def pci_class(self) -> int:
+        return INFINIBAND_CLASS if self.link_layer == "InfiniBand" else ETHERNET_CLASS
+
+
+def parse_guid(text: str) -> int:
+    """``a088:c203:0012:3456`` or ``0xa088c20300123456`` → the 64-bit value."""
+    digits = text.lower().removeprefix("0x").replace(":", "")
+    if len(digits) != 16 or any(c not in "0123456789abcdef" for c in digits):
+        raise ValueError(f"bad GUID {text!r}: expected 16 hex digits, e.g. a088:c203:0012:3456")
+    value = int(digits, 16)
+    if value == 0:
+        raise ValueError(f"bad GUID {text!r}: zero is not a GUID")
+    return value
+
+
+def format_guid(value: int) -> str:
+    """sysfs's spelling: four groups of four hex digits (``a088:c203:0012:3456``)."""
+    digits = f"{value:016x}"
+    return ":".join(digits[i : i + 4] for i in range(0, 16, 4))
+
+
 class Driver(Strict):
     version: str = Field(DEFAULT_DRIVER, pattern=r"^\d+\.\d+(\.\d+)?$")
     cuda: str = Field(DEFAULT_CUDA, pattern=r"^\d+\.\d+$")
@@ -456,6 +548,7 @@ class Profile(Strict):
     topology: Topology = Topology()
     gpu: GpuSpec
     gpus: dict[int, dict[str, Any]] = Field(default_factory=dict, description="per-GPU overrides by index")
+    infiniband: InfiniBand | None = Field(None, description="the node's InfiniBand adapters; None: none")
 
     @model_validator(mode="after")
     def _overrides_valid(self) -> Profile:
@@ -468,6 +561,20 @@ class Profile(Strict):
                 GpuSpec.model_validate(deep_merge(self.gpu.model_dump(), override))
             except ValidationError as exc:
                 raise ValueError(f"gpus.{index}: {_first_error(exc)}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_fit(self) -> Profile:
+        ib = self.infiniband
+        if ib is None:
+            return self
+        for n, gpu in enumerate(ib.gpus):
+            if gpu is not None and not 0 <= gpu < MAX_GPUS:
+                raise ValueError(f"infiniband.gpus.{n}: GPU {gpu} is not a GPU index (0..{MAX_GPUS - 1})")
+        gpu_buses = {parse_bus_id(b)[:2] for b in self.topology.bus_ids + self.topology.nvswitches}
+        for n, bus_id in enumerate(ib.bus_ids):
+            if parse_bus_id(bus_id)[:2] in gpu_buses:
+                raise ValueError(f"infiniband.bus_ids.{n}: bus of {bus_id} is a GPU's or an NVSwitch's")
         return self
 
     def with_count(self, count: int | None) -> Profile:

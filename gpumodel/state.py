@@ -25,7 +25,7 @@ from typing import Any
 
 import cffi
 
-from . import atomic, dynamic, mig_state
+from . import atomic, dynamic, infiniband, mig_state, pcie
 from .native import STATE_WRITER, header_path, library_path
 from .profile import ATOMIC_CAPS, BRANDS, MIB, Architecture, Device, Profile, parse_bus_id
 
@@ -344,6 +344,22 @@ def fill_board_extras(g: Any, device: Device, profile: Profile) -> None:
             g.nvlink_remote[i] = na()
 
 
+def fill_pci_peers(h: Any, gpus: Any, profile: Profile) -> None:
+    """Where the InfiniBand adapters sit beside the GPUs (``nvidia-smi topo -m``'s NIC columns):
+    each adapter's bus id and NUMA node, and the PCIe switch a GPU shares with its adapter."""
+    switches = pcie.switches(profile)
+    switch_ids = {switches[gpu].adapter: n + 1 for n, gpu in enumerate(sorted(switches))}
+    for n, gpu in enumerate(sorted(switches)):
+        gpus[gpu].pcie_switch = n + 1
+    hcas = infiniband.adapters(profile)
+    h.nic_count = len(hcas)
+    for i, hca in enumerate(hcas):
+        dom, bus, dev, fn = parse_bus_id(hca.bus_id)
+        h.nics[i].pci = ((dom & 0xFFFF) << 16) | (bus << 8) | (dev << 3) | fn
+        h.nics[i].numa_node = hca.numa_node if profile.topology.numa_nodes > 1 else na()
+        h.nics[i].pcie_switch = switch_ids.get(hca.bus_id, 0)
+
+
 def region_size(gpu_count: int) -> int:
     """Bytes of a state region for ``gpu_count`` GPUs: the header and two copies."""
     return int(ffi().sizeof("mokka_header_t")) + 2 * _copy_size(gpu_count)
@@ -382,6 +398,7 @@ def compile_profile(profile: Profile) -> bytes:
             fill_gpu(gpus[i], device, profile)
         except ValueError as exc:
             raise StateError(f"profile {profile.name}, GPU {i}: {exc}") from None
+    fill_pci_peers(h, gpus, profile)
     f.memmove(buf + hsize + copy, buf + hsize, copy)  # both copies start equal
     return bytes(f.buffer(buf))
 

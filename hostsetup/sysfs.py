@@ -36,7 +36,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpumodel import mig, mig_state, state
+from gpumodel import mig, mig_state, pcie, state
 from gpumodel.profile import Device, Profile, parse_bus_id
 from gpumodel.state import _cpu_mask
 
@@ -160,10 +160,20 @@ def sysfs_name(device: Device) -> str:
     return PciName.of(device.bus_id).slot
 
 
-def device_dir(device: Device) -> Path:
-    """The GPU's PCI function directory, relative to the root."""
-    name = PciName.of(device.bus_id)
-    return Path("sys/devices") / name.root_bus / name.slot
+def device_dir(device: Device, switch: pcie.Switch | None = None) -> Path:
+    """The GPU's PCI function directory, relative to the root: on its own root bus, or behind
+    ``switch`` (the PCIe switch it shares with its InfiniBand adapter, :mod:`gpumodel.pcie`)."""
+    return function_dir(device.bus_id, switch)
+
+
+def function_dir(bus_id: str, switch: pcie.Switch | None = None) -> Path:
+    """The directory of the PCI function ``bus_id``: under its root bus, through ``switch``'s
+    bridges when it sits behind one."""
+    if switch is None:
+        name = PciName.of(bus_id)
+        return Path("sys/devices") / name.root_bus / name.slot
+    chain = [PciName.of(b) for b in switch.path(bus_id)]
+    return Path("sys/devices", chain[0].root_bus, *(c.slot for c in chain))
 
 
 def irq(device: Device) -> int:
@@ -394,9 +404,10 @@ def files(profile: Profile) -> dict[Path, bytes | Link]:
     devices = profile.devices()
     nbits = cpu_count(profile)
     drivers = Path("sys/bus/pci/drivers/nvidia")
+    behind = pcie.switches(profile)
     for d in devices:
         p = d.spec.pci
-        base = device_dir(d)
+        base = device_dir(d, behind.get(d.index))
         name = sysfs_name(d)
         cpus = node_cpus(d, profile)
 
@@ -480,6 +491,73 @@ def files(profile: Profile) -> dict[Path, bytes | Link]:
                 text(caps / f"gi{gi.id}" / f"ci{ci.id}" / "access", cap_file(mig.cap_minor(d.index, gi.id, ci.id)))
     text("proc/modules", proc_modules())
     out.update(nvswitch_files(profile))
+    for index, switch in behind.items():
+        out.update(bridge_files(switch, devices[index], profile))
+    from . import infiniband  # the adapters' trees hang under their PCI functions: built with this module's names
+
+    out.update(infiniband.files(profile, behind))
+    return out
+
+
+# A PCIe switch's bridges (gpumodel/pcie.py): the CPU's root port, then the switch's upstream and
+# downstream ports (a Broadcom PEX89000-class Gen5 switch, as HGX boards carry). lspci and hwloc
+# read a bridge's bus range from its config space (primary, secondary, subordinate at 0x18).
+BRIDGE_CLASS = 0x060400
+ROOT_PORT = (0x8086, 0x352A, 4)  # vendor, device, PCIe port type (4: root port)
+SWITCH_PORTS = ((0x1000, 0xC030, 5), (0x1000, 0xC030, 6))  # upstream (5), downstream (6)
+
+
+def bridge_config_space(ids: tuple[int, int, int], primary: int, secondary: int, subordinate: int, gen: int) -> bytes:
+    vendor, device, port_type = ids
+    cfg = bytearray(4096)
+    struct.pack_into("<HHHH", cfg, 0x00, vendor, device, 0x0547, 0x0010)
+    struct.pack_into("<I", cfg, 0x08, (BRIDGE_CLASS << 8) | 0x00)
+    struct.pack_into("<I", cfg, 0x0C, 0x00010000)  # header type 1 (bridge)
+    struct.pack_into("<BBBB", cfg, 0x18, primary, secondary, subordinate, 0)
+    struct.pack_into("<B", cfg, 0x34, 0x40)
+    struct.pack_into("<BBH", cfg, 0x40, 0x10, 0x00, 0x0002 | (port_type << 4))  # PCI Express v2, port type
+    struct.pack_into("<I", cfg, 0x4C, 0x00400000 | (16 << 4) | gen)  # LnkCap: x16
+    struct.pack_into("<HH", cfg, 0x50, 0x0000, 0x2000 | (16 << 4) | gen)  # LnkSta: x16, DLL active
+    return bytes(cfg)
+
+
+def bridge_files(switch: pcie.Switch, gpu: Device, profile: Profile) -> dict[Path, bytes | Link]:
+    """The root port and the switch's ports above ``gpu`` and its adapter."""
+    out: dict[Path, bytes | Link] = {}
+    cpus = node_cpus(gpu, profile)
+    gen = gpu.spec.pci.max_link_gen
+    kinds = [ROOT_PORT, *SWITCH_PORTS, SWITCH_PORTS[1]]
+    for n, (bus_id, secondary, subordinate) in enumerate(switch.bridges()):
+        path = switch.path(switch.adapter)[: n + 1] if n < 3 else switch.path(gpu.bus_id)[:3]
+        base = Path("sys/devices", PciName.of(path[0]).root_bus, *(PciName.of(b).slot for b in path))
+        vendor, device, _ = kinds[n]
+        primary = PciName.of(bus_id).bus
+        for key, value in (
+            ("vendor", f"0x{vendor:04x}"),
+            ("device", f"0x{device:04x}"),
+            ("class", f"0x{BRIDGE_CLASS:06x}"),
+            ("revision", "0x00"),
+            ("subsystem_vendor", f"0x{vendor:04x}"),
+            ("subsystem_device", "0x0000"),
+            ("numa_node", str(numa_node(gpu, profile))),
+            ("local_cpulist", cpulist(cpus)),
+            ("local_cpus", cpumask(cpus, cpu_count(profile))),
+            ("enable", "1"),
+            ("power_state", "D0"),
+            ("current_link_speed", LINK_SPEEDS[gen]),
+            ("current_link_width", "16"),
+            ("max_link_speed", LINK_SPEEDS[gen]),
+            ("max_link_width", "16"),
+            ("secondary_bus_number", str(secondary)),
+            ("subordinate_bus_number", str(subordinate)),
+            ("modalias", f"pci:v{vendor:08X}d{device:08X}sv{vendor:08X}sd00000000bc06sc04i00"),
+        ):
+            out[base / key] = (value + "\n").encode()
+        out[base / "config"] = bridge_config_space(kinds[n], primary, secondary, subordinate, gen)
+        out[base / "resource"] = resource_file([(0, 0)] * 7, 0).encode()
+        out[base / "subsystem"] = Link(rel_path(Path("sys/bus/pci"), base / "subsystem"))
+        bus_link = Path("sys/bus/pci/devices") / PciName.of(bus_id).slot
+        out[bus_link] = Link(rel_path(base, bus_link))
     return out
 
 

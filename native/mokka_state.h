@@ -45,10 +45,11 @@
 #include <stdint.h>
 
 #define MOKKA_STATE_MAGIC 0x41544b4f4b4b4f4d
-#define MOKKA_STATE_VERSION 6
+#define MOKKA_STATE_VERSION 7
 #define MOKKA_TRAILER_MAGIC 0x4c5254414b4b4f4d  /* "MOKKATRL" */
 #define MOKKA_STATE_ALIGN 65536   /* region offset in a library file: a multiple of every Linux page size */
 #define MOKKA_MAX_GPUS 64
+#define MOKKA_MAX_NICS 32          /* InfiniBand adapters (gpumodel/profile.py MAX_HCAS) */
 #define MOKKA_NA 4294967295
 #define MOKKA_DEPRECATED 4294967294 /* the driver answers "deprecated" (NVML_ERROR_DEPRECATED) */
 #define MOKKA_MAX_MEM_CLOCKS 8
@@ -271,7 +272,7 @@ typedef struct {
     uint32_t pcie_rx_kbps;
     uint32_t numa_node;         /* MOKKA_NA: not reported */
     uint32_t irq;
-    uint32_t pad0;
+    uint32_t pcie_switch;       /* the PCIe switch it shares with an InfiniBand adapter (1..); 0: none */
     uint64_t cpu_affinity[MOKKA_CPUSET_WORDS];
 
     /* memory */
@@ -384,6 +385,16 @@ typedef struct {
     mokka_events_t events;
 } mokka_gpu_t;
 
+/* A PCI function beside the GPUs that nvidia-smi topo -m places relative to them: an InfiniBand
+ * adapter (gpumodel/infiniband.py). The level between two functions is PIX on one PCIe switch,
+ * NODE on one NUMA node, SYS otherwise. */
+typedef struct {
+    uint32_t pci;               /* (domain << 16) | (bus << 8) | (device << 3) | function */
+    uint32_t numa_node;         /* MOKKA_NA: not reported */
+    uint32_t pcie_switch;       /* as mokka_gpu_t's; 0: none */
+    uint32_t pad;
+} mokka_pci_peer_t;
+
 /* Node-wide live data: the start of each copy. */
 typedef struct {
     uint64_t generation;        /* completed updates since the state was compiled */
@@ -404,6 +415,9 @@ typedef struct {
     uint32_t cuda_version;      /* 12040 */
     uint32_t pad0;
     char profile[64];           /* profile name, for diagnostics */
+    uint32_t nic_count;
+    uint32_t pad1;
+    mokka_pci_peer_t nics[MOKKA_MAX_NICS];
 } mokka_header_t;
 
 /* The last bytes of a library file that carries the state. */

@@ -101,8 +101,8 @@ def test_a_lost_gpu_is_left_out(tmp_path: Path) -> None:
 
 def test_pcie_root_follows_the_sysfs_link(info: gpus.GpuInfo, tree: Path) -> None:
     for g in info.gpus:
-        target = os.readlink(tree / "bus" / "pci" / "devices" / g.pcie_bus_id)
-        assert g.pcie_root == Path(target).parts[-2]  # ../../../devices/<root>/<bus id>
+        parts = Path(os.readlink(tree / "bus" / "pci" / "devices" / g.pcie_bus_id)).parts
+        assert g.pcie_root == parts[parts.index("devices") + 1]  # ../../../devices/<root>/[bridges/]<bus id>
         assert g.pcie_root.startswith("pci0000:")
 
 

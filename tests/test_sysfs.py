@@ -19,6 +19,7 @@ import pytest
 from conftest import Staged
 from test_profile import BUILTINS
 
+from gpumodel import infiniband, pcie
 from gpumodel import profile as profiles
 from gpumodel.profile import Device, Profile
 from hostsetup import sysfs
@@ -98,7 +99,10 @@ def test_tree_matches_profile(tree: Callable[..., tuple[Profile, Path]], name: s
     devices = prof.devices()
     listed = sorted(os.listdir(root / "sys/bus/pci/devices"))
     switches = [sysfs.PciName.of(b).slot for b in prof.topology.nvswitches]  # HGX NVSwitches beside the GPUs
-    assert listed == sorted([sysfs.sysfs_name(d) for d in devices] + switches)
+    behind = pcie.switches(prof)  # GPUs that share a PCIe switch with their InfiniBand adapter
+    bridges = [sysfs.PciName.of(b).slot for s in behind.values() for b, _, _ in s.bridges()]
+    adapters = [sysfs.PciName.of(h.bus_id).slot for h in infiniband.adapters(prof)]
+    assert listed == sorted([sysfs.sysfs_name(d) for d in devices] + switches + bridges + adapters)
     for d in devices:
         p = d.spec.pci
         slot = sysfs.sysfs_name(d)
@@ -106,8 +110,13 @@ def test_tree_matches_profile(tree: Callable[..., tuple[Profile, Path]], name: s
         link = root / "sys/bus/pci/devices" / slot
         assert link.is_symlink() and not os.path.isabs(os.readlink(link))
         dev = link.resolve()
-        assert dev == (root / sysfs.device_dir(d)).resolve()
-        assert dev.parent.name == f"pci{slot[:7]}" and dev.parent.parent == (root / "sys/devices").resolve()
+        assert dev == (root / sysfs.device_dir(d, behind.get(d.index))).resolve()
+        if d.index in behind:  # root port, the switch's upstream and downstream ports, then the GPU
+            chain = [dev.parent.parent.parent.name, dev.parent.parent.name, dev.parent.name]
+            assert chain == [sysfs.PciName.of(b).slot for b in behind[d.index].path(d.bus_id)[:3]]
+            assert dev.parents[3].name == sysfs.PciName.of(behind[d.index].root_port).root_bus
+        else:
+            assert dev.parent.name == f"pci{slot[:7]}" and dev.parent.parent == (root / "sys/devices").resolve()
         assert read(dev / "vendor") == f"0x{p.vendor_id:04x}"
         assert read(dev / "device") == f"0x{p.device_id:04x}"
         assert read(dev / "class") == f"0x{p.class_code:06x}"
@@ -164,7 +173,9 @@ def test_every_nvidia_function_has_a_resource_file(tree: Callable[..., tuple[Pro
     """NVIDIA's PCI enumeration (go-nvlib: the MIG manager, the toolkit) reads every function of
     vendor 0x10de, GPU or NVSwitch, and fails on one without a resource file of three fields a line."""
     _, root = tree("h100")
-    functions = sorted((root / "sys/bus/pci/devices").iterdir())
+    functions = [
+        f for f in sorted((root / "sys/bus/pci/devices").iterdir()) if (f / "vendor").read_text() == "0x10de\n"
+    ]
     assert len(functions) == 8 + 4
     for f in functions:
         assert (f / "vendor").read_text() == "0x10de\n"
@@ -209,11 +220,14 @@ def test_matches_h200_capture(tree: Callable[..., tuple[Profile, Path]]) -> None
     """The single-GPU H200 profile against the real H200's files (ids, layout, wording)."""
     prof, root = tree("h200", 1)
     d = prof.devices()[0]
-    dev = root / sysfs.device_dir(d)
+    dev = root / sysfs.device_dir(d, pcie.switches(prof).get(d.index))
     sections = capture_sections("sysfs-pci.txt")
     for key in ("vendor", "device", "class", "revision", "subsystem_vendor", "subsystem_device", "driver_override"):
         assert read(dev / key) == sections[key].strip(), key
-    assert os.readlink(dev / "driver") == sections["driver"].strip()
+    # the capture's GPU sits on a root bus of its own (a pass-through VM); here it is behind the
+    # PCIe switch it shares with its NIC: a longer relative link to the same driver directory
+    depth = len(sysfs.device_dir(d, pcie.switches(prof).get(d.index)).parts) - 4
+    assert os.readlink(dev / "driver") == "../" * depth + sections["driver"].strip()
     rows = [ln.split() for ln in sections["config"].splitlines() if re.match(r"^[0-9a-f]{6}( [0-9a-f]{2})+$", ln)]
     dump = bytes(int(b, 16) for row in rows for b in row[1:])
     ours = (dev / "config").read_bytes()
@@ -260,8 +274,9 @@ def test_cpu_formats() -> None:
 def test_numa_split_matches_state(tree: Callable[..., tuple[Profile, Path]]) -> None:
     prof, root = tree("b200")
     by_node: dict[int, set[int]] = {}
+    behind = pcie.switches(prof)
     for d in prof.devices():
-        dev = root / sysfs.device_dir(d)
+        dev = root / sysfs.device_dir(d, behind.get(d.index))
         by_node.setdefault(int(read(dev / "numa_node")), set()).update(cpus_of(read(dev / "local_cpulist")))
     assert sorted(by_node) == [0, 1]
     if sysfs.cpu_count(prof) > 1:
@@ -406,6 +421,10 @@ int main(int argc, char **argv) {
         qsort(list, n, sizeof *list, (int (*)(const void *, const void *))cmp);
         return names(n, list);
     }
+    if (!strcmp(c, "chdir")) {
+        if (chdir(p)) return fail();
+        struct dirent **l = NULL; int n = scandir(".", &l, visible, cmp); return names(n, l);
+    }
     if (!strcmp(c, "scandir")) { struct dirent **l = NULL; int n = scandir(p, &l, visible, cmp); return names(n, l); }
     if (!strcmp(c, "scandir64")) {
         struct dirent64 **l = NULL; int n = scandir64(p, &l, visible64, cmp64); return names64(n, l);
@@ -427,7 +446,7 @@ READERS = [*OPENS, "__open_2", "__open64_2", "__openat_2", "__openat64_2", "fope
 STATS = ["stat", "stat64", "__xstat", "__xstat64", "fstatat64", "__fxstatat", "__fxstatat64"]
 LSTATS = ["lstat", "lstat64", "fstatat", "__lxstat", "__lxstat64", "statx"]
 ACCESS = ["access", "faccessat", "euidaccess", "eaccess"]
-LISTS = ["opendir", "scandir", "scandir64"]
+LISTS = ["opendir", "scandir", "scandir64", "chdir"]  # chdir: then the working directory's listing
 LINKS = ["readlink", "readlinkat", "__readlink_chk", "__readlinkat_chk"]
 REALPATHS = ["realpath", "realpath-alloc", "__realpath_chk", "canonicalize_file_name"]
 ALL_CALLS = READERS + STATS + LSTATS + ACCESS + LISTS + LINKS + REALPATHS
@@ -468,8 +487,9 @@ def test_every_hook_redirects(probe: Path, shim: Path, tree: Callable[..., tuple
     prof, root = tree("h100")
     d: Device = prof.devices()[0]
     slot = sysfs.sysfs_name(d)
-    dev_path = "/" + str(sysfs.device_dir(d))
+    dev_path = "/" + str(sysfs.device_dir(d, pcie.switches(prof).get(d.index)))  # behind its NIC's switch
     bus_path = f"/sys/bus/pci/devices/{slot}"
+    driver = os.path.relpath("/sys/bus/pci/drivers/nvidia", dev_path)
     if call in READERS:
         version = (root / "proc/driver/nvidia/version").read_text().splitlines()[0]
         assert run_probe(probe, shim, root, call, "/proc/driver/nvidia/version") == version
@@ -487,12 +507,13 @@ def test_every_hook_redirects(probe: Path, shim: Path, tree: Callable[..., tuple
         assert run_probe(probe, shim, root, call, "/sys/bus/pci/drivers/nvidia/nothing") == "error ENOENT"
     elif call in LISTS:
         gpus = [sysfs.sysfs_name(x) for x in prof.devices()]
-        switches = [sysfs.PciName.of(b).slot for b in prof.topology.nvswitches]
-        assert run_probe(probe, shim, root, call, "/sys/bus/pci/devices") == " ".join(sorted(gpus + switches))
+        listed = sorted(os.listdir(root / "sys/bus/pci/devices"))  # GPUs, NVSwitches, bridges, NICs
+        assert set(gpus) < set(listed)
+        assert run_probe(probe, shim, root, call, "/sys/bus/pci/devices") == " ".join(listed)
         assert run_probe(probe, shim, root, call, "/proc/driver/nvidia/gpus") == " ".join(sorted(gpus))
     elif call in LINKS:
         assert run_probe(probe, shim, root, call, bus_path) == f"../../..{dev_path[4:]}"
-        assert run_probe(probe, shim, root, call, f"{bus_path}/driver") == "../../../bus/pci/drivers/nvidia"
+        assert run_probe(probe, shim, root, call, f"{bus_path}/driver") == driver
     else:
         assert run_probe(probe, shim, root, call, bus_path) == dev_path  # the root does not show
         assert run_probe(probe, shim, root, call, f"{bus_path}/driver") == "/sys/bus/pci/drivers/nvidia"
@@ -575,7 +596,8 @@ def test_lspci_lists_profile_gpus(shim: Path, tree: Callable[..., tuple[Profile,
     prof, root = tree(name)
     res = run_with_shim([lspci, "-D", "-nn"], shim, root)
     assert res.returncode == 0, res.stderr
-    lines = [ln for ln in res.stdout.splitlines() if " Bridge [0680]: " not in ln]  # NVSwitches: test_nvswitch.py
+    # NVSwitches: test_nvswitch.py; PCIe switches and InfiniBand adapters: test_infiniband.py
+    lines = [ln for ln in res.stdout.splitlines() if "[10de:" in ln and " Bridge [0680]: " not in ln]
     devices = prof.devices()
     assert len(lines) == len(devices)
     for d, line in zip(sorted(devices, key=sysfs.sysfs_name), lines, strict=True):

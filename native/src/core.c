@@ -140,6 +140,29 @@ const mokka_gpu_t *mokka_gpu_by_bus_id(const char *bus_id) {
     return find_by(bus_id_is, bus_id, &device, 1) == NVML_SUCCESS ? mokka_handle_gpu(device) : NULL;
 }
 
+int mokka_pci_place(const char *bus_id, uint32_t *numa_node, uint32_t *pcie_switch) {
+    const mokka_gpu_t *g = mokka_gpu_by_bus_id(bus_id);
+    if (g) {
+        /* A GPU on a C2C link (Grace: GB200, GB300) is not on the CPU's PCIe at all: a node of its
+         * own, so every PCI function reads SYS from it, as nvidia-smi shows on those trays. */
+        *numa_node = g->c2c_mode == 1 ? 0x80000000u | (g->pci_domain << 8) | g->pci_bus
+                                      : mokka_is_na(g->numa_node) ? 0 : g->numa_node;
+        *pcie_switch = g->pcie_switch;
+        return 1;
+    }
+    unsigned dom, bus, dev, fn;
+    if (sscanf(bus_id, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4) return 0;
+    uint32_t pci = (dom << 16) | (bus << 8) | (dev << 3) | fn;
+    const mokka_header_t *h = g_state.hdr;
+    for (uint32_t i = 0; i < h->nic_count && i < MOKKA_MAX_NICS; i++) {
+        if (h->nics[i].pci != pci) continue;
+        *numa_node = mokka_is_na(h->nics[i].numa_node) ? 0 : h->nics[i].numa_node;
+        *pcie_switch = h->nics[i].pcie_switch;
+        return 1;
+    }
+    return 0;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *device) {
     return handle_by(bus_id_is, bus_id, device);
 }

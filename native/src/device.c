@@ -942,7 +942,7 @@ static nvmlGpuTopologyLevel_t topology_level(const mokka_gpu_t *a, const mokka_g
     if (a == b) return NVML_TOPOLOGY_INTERNAL;
     uint32_t na = mokka_is_na(a->numa_node) ? 0 : a->numa_node, nb = mokka_is_na(b->numa_node) ? 0 : b->numa_node;
     if (na != nb) return NVML_TOPOLOGY_SYSTEM;
-    return NVML_TOPOLOGY_NODE;
+    return a->pcie_switch && a->pcie_switch == b->pcie_switch ? NVML_TOPOLOGY_SINGLE : NVML_TOPOLOGY_NODE;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t d1, nvmlDevice_t d2, nvmlGpuTopologyLevel_t *level) {

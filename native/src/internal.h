@@ -101,6 +101,8 @@ static inline nvmlReturn_t mokka_device(nvmlDevice_t device, const mokka_gpu_t *
 uint64_t mokka_energy_mj(const mokka_gpu_t *g);
 /* The visible GPU at a PCI bus id (4- or 8-digit domain), or NULL. */
 const mokka_gpu_t *mokka_gpu_by_bus_id(const char *bus_id);
+/* The NUMA node and PCIe switch of a GPU or an InfiniBand adapter by bus id; 0: no such function. */
+int mokka_pci_place(const char *bus_id, uint32_t *numa_node, uint32_t *pcie_switch);
 /* The GPU's processes of one type (0 compute, 1 graphics, 2 MPS), copied under the seqlock. */
 unsigned mokka_processes(const mokka_gpu_t *g, unsigned type, mokka_process_t out[MOKKA_MAX_PROCS]);
 /* Time-varying metrics (dynamic.c): read under the latch, like any field of the record. */

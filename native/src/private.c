@@ -56,8 +56,9 @@
  *         0 printed Disabled, anything else Enabled. Each release calls only its own offset
  *         (535's table ends at 0x7a8, and 550/555 never call 0x798), so both are served.
  *   0x0b8 (const char *bus_id_a, const char *bus_id_b, int *level): `topo -m` asks it for
- *         every GPU pair (8-digit-domain bus id strings) and fails the whole matrix
- *         ("Failed to run topology matrix") unless it answers. Levels 0..4 are PIX, PXB,
+ *         every GPU pair (8-digit-domain bus id strings), and for every GPU and NIC pair (the
+ *         NIC's bus id with a 4-digit domain, as hwloc found it in sysfs), and fails the whole
+ *         matrix ("Failed to run topology matrix") unless it answers. Levels 0..4 are PIX, PXB,
  *         PHB, NODE, SYS and 5..22 NV1..NV18; nvidia-smi itself substitutes NV# for pairs
  *         it finds joined by NVLink through the public API.
  * Slots seen but left unsupported: 0x0d0 (called once per output line with nvidia-smi's
@@ -168,14 +169,14 @@ static nvmlReturn_t sparse_mode(nvmlDevice_t device, unsigned int *mode) {
     return NVML_SUCCESS;
 }
 
-enum { TOPO_NODE = 3, TOPO_SYS = 4 };
+enum { TOPO_PIX = 0, TOPO_NODE = 3, TOPO_SYS = 4 };
 
 static nvmlReturn_t topology_level(const char *bus_id_a, const char *bus_id_b, int *level) {
     if (g_mokka_refcount <= 0) return NVML_ERROR_UNINITIALIZED;
-    const mokka_gpu_t *a = mokka_gpu_by_bus_id(bus_id_a), *b = mokka_gpu_by_bus_id(bus_id_b);
-    if (!a || !b || !level) return NVML_ERROR_INVALID_ARGUMENT;
-    uint32_t na = mokka_is_na(a->numa_node) ? 0 : a->numa_node, nb = mokka_is_na(b->numa_node) ? 0 : b->numa_node;
-    *level = na == nb ? TOPO_NODE : TOPO_SYS;
+    uint32_t na, nb, sa, sb;
+    if (!bus_id_a || !bus_id_b || !level || !mokka_pci_place(bus_id_a, &na, &sa) || !mokka_pci_place(bus_id_b, &nb, &sb))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *level = sa && sa == sb ? TOPO_PIX : na == nb ? TOPO_NODE : TOPO_SYS;
     return NVML_SUCCESS;
 }
 

@@ -8,6 +8,8 @@
  *     /sys/module/nvidia...    /proc/driver/nvidia...     (the driver's footprint)
  *     /proc/modules                                       (the loaded nvidia modules: NVIDIA's
  *                                                          runtime wrappers check it with cat)
+ *     /sys/class/infiniband{,_verbs,_mad}...              (the InfiniBand adapters: ibstat,
+ *     /dev/infiniband...                                   libibverbs, hwloc's NIC objects)
  *
  * go to <root><path> first (hostsetup/sysfs.py writes that tree). When the staged path does
  * not exist (ENOENT/ENOTDIR) the real path is tried, so the host's own PCI functions stay
@@ -148,10 +150,14 @@ static int redirected(const char *p) {
             return 1;
         if (starts(q, "module/nvidia", 13))
             return boundary(q[13], "_");
+        if (starts(q, "class/infiniband", 16))
+            return boundary(q[16], "_");
         return 0;
     }
     if (starts(p, "/proc/driver/nvidia", 19))
         return boundary(p[19], "-");
+    if (starts(p, "/dev/infiniband", 15))
+        return boundary(p[15], "");
     return strcmp(p, "/proc/modules") == 0;
 }
 
@@ -299,6 +305,9 @@ HOOK int eaccess(const char *path, int mode) { TRY(int, -1, CALL(eaccess, -1, P,
 /* ---- directories --------------------------------------------------------------------- */
 
 HOOK DIR *opendir(const char *path) { TRY(DIR *, NULL, CALL(opendir, NULL, P)); }
+
+/* Shell scripts walk the tree with cd (ibstatus: `cd /sys/class/infiniband; echo *`). */
+HOOK int chdir(const char *path) { TRY(int, -1, CALL(chdir, -1, P)); }
 
 HOOK int scandir(const char *path, struct dirent ***list, int (*filter)(const struct dirent *),
                  int (*compar)(const struct dirent **, const struct dirent **)) {
