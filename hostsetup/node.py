@@ -47,7 +47,7 @@ from gpumodel import driver_root, edits, mig, mig_state, nodelayout, state
 from gpumodel.native import IMEX_TOOLS, PROC_HOOK, SYSFS_SHIM, NativeMissing, library_path
 from gpumodel.profile import Profile
 
-from . import majors, sysfs
+from . import infiniband, majors, sysfs
 from .journal import Journal, JournalError
 
 DEFAULT_ROOT = Path("/var/lib/mokka")
@@ -252,6 +252,23 @@ def plan(profile: Profile, options: Options) -> Plan:
             nodes,
         )
     )
+
+    ib_nodes = [
+        (dev_root / "infiniband" / name, major, minor) for name, major, minor in infiniband.device_nodes(profile)
+    ]
+    if ib_nodes:
+
+        def ib_device_nodes(j: Journal) -> None:
+            j.mknods([(path, major, minor, 0o666) for path, major, minor in ib_nodes])
+
+        p.steps.append(
+            Step(
+                f"InfiniBand nodes under {layout.dev_root}/infiniband: uverbs, umad and issm of "
+                f"{sum(name.startswith('uverbs') for name, _, _ in infiniband.device_nodes(profile))} adapter(s) "
+                f"(major {infiniband.UVERBS_MAJOR})",
+                ib_device_nodes,
+            )
+        )
 
     # Boards on an NVLink fabric (IMEX's reach): channel 0 and the IMEX daemon's capability node,
     # as a node set up for IMEX has them; every node's /proc/devices names both majors.

@@ -23,11 +23,14 @@ from .root import GPUS_OPTION, MAX_GPUS, fail, load_profile, main
 )
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tuple[str, ...]) -> None:
-    """Run COMMAND against a throw-away mock driver root.
+    """Run COMMAND against a throw-away mock node: its driver and its PCI and InfiniBand sysfs.
 
-    Stages the profile in a temporary directory, points LD_LIBRARY_PATH at it and runs
-    COMMAND. `nvidia-smi` is taken from PATH, else Debian's build is fetched into the
-    cache (~/.cache/mokka). Example: `mokka exec --profile a100 -- nvidia-smi -q`.
+    Stages the profile in a temporary directory, points LD_LIBRARY_PATH at its driver and
+    preloads the sysfs shim over its /sys and /proc trees, then runs COMMAND: nvidia-smi, lspci,
+    nvidia-smi topo -m and the InfiniBand tools (ibstat, ibstatus, ibv_devices) see the profile's
+    GPUs and adapters. `nvidia-smi` is taken from PATH, else Debian's build is fetched into the cache
+    (~/.cache/mokka). Examples: `mokka exec --profile a100 -- nvidia-smi -q`,
+    `mokka exec --profile h100 -- ibstat`.
     """
     import os
     import shutil
@@ -48,9 +51,24 @@ def exec_cmd(profile_name: str, gpus: int | None, smi_version: str, command: tup
             argv[0] = str(nvidia_smi.fetch(smi_version))
         except Exception as exc:
             fail(f"cannot get nvidia-smi {smi_version}: {exc}")
+    from gpumodel.native import SYSFS_SHIM, NativeMissing, library_path
+    from hostsetup import infiniband, sysfs
+
     with tempfile.TemporaryDirectory(prefix="mokka-exec-") as tmp:
         root = driver_root.stage(p, Path(tmp))
         env = dict(os.environ, LD_LIBRARY_PATH=str(root.libdir))
+        try:
+            shim = library_path(SYSFS_SHIM)
+        except NativeMissing:
+            shim = None  # a build without the shim: the driver alone, as before
+        if shim is not None:
+            sysfs.write_tree(p, Path(tmp) / "node")
+            for name, _major, _minor in infiniband.device_nodes(p):  # libibverbs checks they exist
+                path = Path(tmp) / "node" / "dev" / "infiniband" / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.touch()
+            preload = " ".join(x for x in (str(shim), os.environ.get("LD_PRELOAD", "")) if x)
+            env.update(LD_PRELOAD=preload, MOKKA_SYSFS_ROOT=str(Path(tmp) / "node"))
         try:
             code = subprocess.run(argv, env=env, check=False).returncode
         except FileNotFoundError:

@@ -1,0 +1,92 @@
+"""`mokka fault ib-port-down | ib-link-errors | ib-clear`: InfiniBand port faults on a staged node.
+
+The adapters' ports live in the node's sysfs tree (hostsetup/infiniband.py), which containers see
+through the sysfs shim; these commands change the port's files in place, so the next `ibstat`,
+`ibstatus` or counter read anywhere on the node shows the fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .fault import _cluster_node_root, fault
+from .root import fail
+
+
+def _where(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option(
+        "--cluster-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default="/run/mokka-cluster",
+        show_default=True,
+        help="With --node: the local cluster's --dir.",
+    )(fn)
+    fn = click.option("--node", default=None, metavar="NAME", help="A node of the local cluster (`mokka cluster up`).")(
+        fn
+    )
+    fn = click.option(
+        "--root",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="The node staged by `mokka host setup` (default /var/lib/mokka).",
+    )(fn)
+    fn = click.option("--port", type=click.IntRange(1, 2), default=1, show_default=True, help="The adapter's port.")(fn)
+    return click.option("--hca", type=click.IntRange(0), required=True, metavar="N", help="The adapter: mlx5_N.")(fn)
+
+
+def _root(root: Path | None, node: str | None, cluster_dir: Path) -> Path:
+    if node is not None and root is not None:
+        fail("give one of --root and --node")
+    if node is not None:
+        return Path(_cluster_node_root(node, cluster_dir))
+    from hostsetup.node import DEFAULT_ROOT
+
+    return root or DEFAULT_ROOT
+
+
+def _run(change: Callable[[], str]) -> None:
+    from hostsetup.infiniband import PortFaultError
+
+    try:
+        click.echo(change())
+    except PortFaultError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"{exc.filename}: {exc.strerror}")
+
+
+@fault.command("ib-port-down")
+@_where
+def ib_port_down(hca: int, port: int, root: Path | None, node: str | None, cluster_dir: Path) -> None:
+    """Take an InfiniBand port's link down: state Down, physical state Disabled, no LID, and
+    LinkDownedCounter up by one (ibstat, ibstatus, perfquery's counters)."""
+    from hostsetup import infiniband
+
+    where = _root(root, node, cluster_dir)
+    _run(lambda: infiniband.set_link(where, hca, port, up=False))
+
+
+@fault.command("ib-link-errors")
+@_where
+@click.option("--count", type=int, default=100, show_default=True, help="Symbol errors to add.")
+def ib_link_errors(hca: int, port: int, root: Path | None, node: str | None, cluster_dir: Path, count: int) -> None:
+    """Errors on a live link: COUNT symbol errors (SymbolErrorCounter), the receive errors they
+    cause (PortRcvErrors) and one link error recovery; the link stays up."""
+    from hostsetup import infiniband
+
+    where = _root(root, node, cluster_dir)
+    _run(lambda: infiniband.add_link_errors(where, hca, port, count))
+
+
+@fault.command("ib-clear")
+@_where
+def ib_clear(hca: int, port: int, root: Path | None, node: str | None, cluster_dir: Path) -> None:
+    """The port as staged: link up (Active, LinkUp, its LID back) and every counter 0."""
+    from hostsetup import infiniband
+
+    where = _root(root, node, cluster_dir)
+    _run(lambda: infiniband.clear_port(where, hca, port))

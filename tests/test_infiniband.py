@@ -1,0 +1,296 @@
+"""InfiniBand adapters beside the GPUs: the profile's section, the staged sysfs, and the real tools.
+
+Debian's infiniband-diags (``ibstat``, ``ibstatus``), pciutils (``lspci``) and nvidia-smi's
+``topo -m`` read the staged tree through the sysfs shim, unmodified; ``mokka exec`` runs them on a
+throw-away node as a user would.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_profile import BUILTINS
+
+from gpumodel import fleet, infiniband, pcie
+from gpumodel import profile as profiles
+from gpumodel.profile import format_guid
+from hostsetup import infiniband as ibsysfs
+from hostsetup import sysfs
+
+REPO = Path(__file__).resolve().parent.parent
+# The built-in profiles that are servers with an InfiniBand compute fabric, and its adapters.
+FABRICS = {"a100": 8, "b200": 8, "gb200": 4, "gb300": 4, "h100": 8, "h200": 8}
+
+
+def mokka(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mokka.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    if path is None:
+        pytest.fail(f"{name} not found: install Debian's infiniband-diags (.ci/setup --tests does)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An h100 node staged by `mokka host setup` (driver, sysfs, shim)."""
+    root = tmp_path_factory.mktemp("ib-node")
+    res = mokka("host", "setup", "--profile", "h100", "--root", str(root))
+    assert res.returncode == 0, res.stderr
+    return root
+
+
+def shimmed(root: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "LD_PRELOAD": str(root / "lib/libmokka-sysfs.so"),
+        "MOKKA_SYSFS_ROOT": str(root),
+        "LD_LIBRARY_PATH": str(root / "driver/usr/lib64"),
+    }
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+
+# ---- the profile ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_builtin_servers_carry_their_fabric(name: str) -> None:
+    prof = profiles.load(name)
+    hcas = infiniband.adapters(prof)
+    assert len(hcas) == FABRICS.get(name, 0)
+    assert [h.name for h in hcas] == [f"mlx5_{i}" for i in range(len(hcas))]
+    guids = [h.node_guid for h in hcas]
+    assert len(set(guids)) == len(guids)
+    assert all(g >> 40 == infiniband.OUI for g in guids)
+    for h in hcas:
+        assert h.gpu == h.index  # one per GPU
+        assert h.ports[0].guid == h.node_guid  # single-port mlx5: port GUID = node GUID
+        assert 1 <= h.ports[0].lid <= 0xBFFF
+
+
+def test_fewer_gpus_fewer_adapters_and_fleet_nodes_have_their_own_guids() -> None:
+    prof = profiles.load("h100")
+    assert len(infiniband.adapters(prof.with_count(3))) == 3
+    one, two = (infiniband.adapters(fleet.as_node(prof, n)) for n in ("node-a", "node-b"))
+    assert not {h.node_guid for h in one} & {h.node_guid for h in two}
+    assert [h.node_guid for h in one] == [h.node_guid for h in infiniband.adapters(fleet.as_node(prof, "node-a"))]
+
+
+def test_each_gpu_shares_a_pcie_switch_with_its_adapter() -> None:
+    prof = profiles.load("h100")
+    behind = pcie.switches(prof)
+    assert sorted(behind) == list(range(8))
+    for h in infiniband.adapters(prof):
+        switch = behind[h.gpu]
+        assert h.bus_id == switch.adapter
+        assert switch.path(h.bus_id)[:2] == switch.path(prof.devices()[h.gpu].bus_id)[:2]  # one upstream port
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"ports": 0}, r"infiniband\.ports: .*greater than or equal to 1"),
+        ({"count": 0}, r"infiniband\.count: .*greater than or equal to 1"),
+        ({"guids": ["a088:c203:0000:0001", "0xa088c20300000001"]}, r"infiniband\.guids: .*appears twice"),
+        ({"guids": ["a088:c203"]}, r"infiniband\.guids: bad GUID 'a088:c203'"),
+        ({"gpus": [70]}, r"infiniband\.gpus\.0: GPU 70 is not a GPU index"),
+        ({"bus_ids": ["00000000:53:00.0"]}, r"infiniband\.bus_ids\.0: bus of 00000000:53:00\.0 is a GPU's"),
+        ({"speed": "ZDR"}, r"infiniband\.speed: "),
+    ],
+)
+def test_bad_adapters_are_one_line(tmp_path: Path, change: dict[str, object], message: str) -> None:
+    data = yaml.safe_load((REPO / "gpumodel/profiles/h100.yaml").read_text())
+    data["infiniband"].update(change)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    res = mokka("profile", "validate", str(path))
+    assert res.returncode != 0
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert re.search(message, lines[0]), lines[0]
+
+
+# ---- the staged tree -----------------------------------------------------------------------
+
+
+def test_tree_is_what_the_kernel_shows(tmp_path: Path) -> None:
+    prof = profiles.load("h100")
+    sysfs.write_tree(prof, tmp_path)
+    hcas = infiniband.adapters(prof)
+    assert sorted(os.listdir(tmp_path / "sys/class/infiniband")) == [h.name for h in hcas]
+    assert (tmp_path / "sys/class/infiniband_mad/abi_version").read_text() == "5\n"
+    assert (tmp_path / "sys/class/infiniband_verbs/abi_version").read_text() == "6\n"
+    for h in hcas:
+        dev = (tmp_path / "sys/class/infiniband" / h.name).resolve()
+        pci = dev.parent.parent
+        assert pci.name == sysfs.PciName.of(h.bus_id).slot
+        assert (pci / "vendor").read_text() == "0x15b3\n" and (pci / "class").read_text() == "0x020700\n"
+        assert os.readlink(pci / "driver").endswith("bus/pci/drivers/mlx5_core")
+        assert (dev / "node_guid").read_text() == format_guid(h.node_guid) + "\n"
+        assert (dev / "hca_type").read_text() == "MT4129\n"
+        port = dev / "ports/1"
+        assert (port / "state").read_text() == "4: ACTIVE\n"
+        assert (port / "rate").read_text() == "400 Gb/sec (4X NDR)\n"
+        assert (port / "gids/0").read_text() == "fe80:0000:0000:0000:" + format_guid(h.node_guid) + "\n"
+        umad = tmp_path / "sys/class/infiniband_mad" / f"umad{h.index}"
+        assert (umad / "ibdev").read_text() == f"{h.name}\n" and (umad / "dev").read_text() == f"231:{h.index}\n"
+        verbs = tmp_path / "sys/class/infiniband_verbs" / f"uverbs{h.index}"
+        assert (verbs / "dev").read_text() == f"231:{192 + h.index}\n"
+        assert (verbs / "device").resolve() == pci
+
+
+# ---- the real tools ------------------------------------------------------------------------
+
+
+@pytest.mark.consumers
+def test_ibstat_and_ibstatus_read_the_adapters(node: Path) -> None:
+    hcas = infiniband.adapters(profiles.load("h100"))
+    res = shimmed(node, [tool("ibstat"), "-l"])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [h.name for h in hcas]
+    h = hcas[5]
+    out = shimmed(node, [tool("ibstat"), h.name]).stdout
+    for line in (
+        f"CA '{h.name}'",
+        "CA type: MT4129",
+        "Number of ports: 1",
+        "Firmware version: 28.39.1002",
+        "Hardware version: 0",
+        f"Node GUID: 0x{h.node_guid:016x}",
+        "State: Active",
+        "Physical state: LinkUp",
+        "Rate: 400",
+        f"Base lid: {h.ports[0].lid}",
+        "Capability mask: 0xa751e848",
+        f"Port GUID: 0x{h.node_guid:016x}",
+        "Link layer: InfiniBand",
+    ):
+        assert line in out, out
+    status = shimmed(node, [tool("ibstatus")])
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert status.stdout.count("state:\t\t 4: ACTIVE") == len(hcas)
+    assert "rate:\t\t 400 Gb/sec (4X NDR)" in status.stdout
+
+
+@pytest.mark.consumers
+def test_lspci_lists_the_adapters_behind_the_gpus_switches(node: Path) -> None:
+    res = shimmed(node, ["lspci", "-nn"])
+    assert res.returncode == 0, res.stderr
+    nics = [ln for ln in res.stdout.splitlines() if "[15b3:1021]" in ln]
+    assert len(nics) == 8 and all("Infiniband controller [0207]" in ln and "ConnectX-7" in ln for ln in nics)
+    tree = shimmed(node, ["lspci", "-t"]).stdout
+    # root port, the switch's upstream port, then the NIC's and the GPU's downstream ports
+    assert re.search(r"\[0000:4f\]---01\.0-\[50-53\]----00\.0-\[51-53\]--\+-00\.0-\[52\]----00\.0", tree), tree
+
+
+@pytest.mark.consumers
+def test_topo_shows_each_gpu_beside_its_nic(node: Path) -> None:
+    res = shimmed(node, [str(node / "driver/usr/bin/nvidia-smi"), "topo", "-m"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = {ln.split("\t")[0]: ln.split("\t")[1:] for ln in res.stdout.splitlines() if ln.startswith(("GPU", "NIC"))}
+    for gpu in range(8):
+        cells = [c.strip() for c in rows[f"GPU{gpu}"][8:16]]
+        for nic, cell in enumerate(cells):
+            want = "PIX" if nic == gpu else "NODE" if nic // 4 == gpu // 4 else "SYS"
+            assert cell == want, (gpu, nic, rows[f"GPU{gpu}"])
+    assert "NIC Legend:" in res.stdout and "NIC7: mlx5_7" in res.stdout
+
+
+@pytest.mark.consumers
+@pytest.mark.parametrize("name", BUILTINS)
+def test_topo_runs_on_every_profile_at_every_count(name: str) -> None:
+    """The matrix never fails ("Failed to run topology matrix"), whatever GPUs and NICs a node has."""
+    for gpus in (1, 2, 4, 8):
+        res = mokka("exec", "--profile", name, "--gpus", str(gpus), "--", "nvidia-smi", "topo", "-m")
+        assert res.returncode == 0, (gpus, res.stdout, res.stderr)
+        header = res.stdout.splitlines()[0]
+        nics = min(gpus, FABRICS.get(name, 0))
+        assert header.count("NIC") == nics, (gpus, header)
+
+
+@pytest.mark.consumers
+def test_libibverbs_lists_the_adapters(node: Path) -> None:
+    """ibv_devices: libibverbs finds each adapter in sysfs, matches Debian's mlx5 provider by the PCI
+    id, and lists it once its /dev/infiniband/uverbsN exists (host setup makes the nodes)."""
+    hcas = infiniband.adapters(profiles.load("h100"))
+    assert sorted(os.listdir(node / "dev/infiniband")) == sorted(
+        [f"uverbs{i}" for i in range(8)] + [f"umad{i}" for i in range(8)] + [f"issm{i}" for i in range(8)]
+    )
+    assert os.major((node / "dev/infiniband/uverbs3").stat().st_rdev) == 231
+    res = shimmed(node, [tool("ibv_devices")])
+    assert res.returncode == 0, res.stderr
+    listed = {ln.split()[0]: ln.split()[1] for ln in res.stdout.splitlines()[2:]}
+    assert listed == {h.name: f"{h.node_guid:016x}" for h in hcas}
+    res = mokka("exec", "--profile", "a100", "--gpus", "2", "--", "ibv_devices")
+    assert res.returncode == 0 and len(res.stdout.splitlines()) == 4, res.stdout + res.stderr
+
+
+@pytest.mark.consumers
+def test_mokka_exec_runs_ibstat_on_a_throwaway_node() -> None:
+    res = mokka("exec", "--profile", "gb300", "--", "ibstat", "mlx5_3")
+    assert res.returncode == 0, res.stderr
+    assert "CA type: MT4131" in res.stdout and "Firmware version: 40.47.2526" in res.stdout
+    assert "Rate: 800" in res.stdout  # 4X XDR
+
+
+# ---- faults --------------------------------------------------------------------------------
+
+
+@pytest.mark.consumers
+def test_port_faults_and_clear(node: Path) -> None:
+    ibstat = tool("ibstat")
+    port = node / "sys/class/infiniband/mlx5_2/ports/1"
+    lid = shimmed(node, [ibstat, "mlx5_2"]).stdout.split("Base lid: ")[1].split()[0]
+
+    res = mokka("fault", "ib-port-down", "--hca", "2", "--root", str(node))
+    assert res.returncode == 0 and res.stdout.strip() == "mlx5_2 port 1: Down, Disabled", res.stderr
+    out = shimmed(node, [ibstat, "mlx5_2"]).stdout
+    assert "State: Down" in out and "Physical state: Disabled" in out and "Base lid: 0" in out
+    assert "1: DOWN" in shimmed(node, [tool("ibstatus"), "mlx5_2"]).stdout
+    assert (port / "counters/link_downed").read_text() == "1\n"
+    assert "State: Active" in shimmed(node, [ibstat, "mlx5_3"]).stdout  # the others untouched
+
+    res = mokka("fault", "ib-link-errors", "--hca", "2", "--count", "25", "--root", str(node))
+    assert res.returncode == 0 and "SymbolErrorCounter 25" in res.stdout, res.stderr
+    assert (port / "counters/symbol_error").read_text() == "25\n"
+    assert (port / "counters/link_error_recovery").read_text() == "1\n"
+
+    res = mokka("fault", "ib-clear", "--hca", "2", "--root", str(node))
+    assert res.returncode == 0, res.stderr
+    out = shimmed(node, [ibstat, "mlx5_2"]).stdout
+    assert "State: Active" in out and f"Base lid: {lid}" in out
+    assert all(f.read_text() == "0\n" for f in (port / "counters").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ib-port-down", "--hca", "8"], r"^mokka: error: --hca 8: no adapter mlx5_8 on this node \(it has mlx5_0, "),
+        (["ib-clear", "--hca", "0", "--port", "2"], r"^mokka: error: --port 2: mlx5_0 has port 1$"),
+        (["ib-link-errors", "--hca", "0", "--count", "0"], r"^mokka: error: --count 0: at least 1 symbol error$"),
+    ],
+)
+def test_bad_port_faults_are_one_line_and_change_nothing(node: Path, args: list[str], message: str) -> None:
+    before = {p: p.read_bytes() for p in (node / "sys/class/infiniband/mlx5_0/ports/1").rglob("*") if p.is_file()}
+    res = mokka("fault", *args, "--root", str(node))
+    assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert re.search(message, res.stderr.strip()), res.stderr
+    assert before == {p: p.read_bytes() for p in before}
+
+
+def test_a_node_without_adapters_says_so(tmp_path: Path) -> None:
+    res = mokka("host", "setup", "--profile", "l40s", "--gpus", "1", "--root", str(tmp_path), "--no-nvidia-smi")
+    assert res.returncode == 0, res.stderr
+    res = mokka("fault", "ib-port-down", "--hca", "0", "--root", str(tmp_path))
+    assert res.returncode != 0
+    assert res.stderr.strip().endswith("the staged node has no InfiniBand adapters (its profile has no infiniband)")
+    assert not ibsysfs.ports(tmp_path)
