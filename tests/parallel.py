@@ -1,22 +1,20 @@
-"""How the suite shares pytest-xdist workers when asked to (``-n 2``; CI runs it in one process).
+"""How the suite shares two pytest-xdist workers (the README's test command runs ``-n 2``).
 
-Most of the suite's wall time is waiting: on the session cluster's API server, a kind cluster's
-nodes, podman. Tests that share a machine-wide thing run as one unit, in file order, on one worker:
+Most of the suite's wall time is waiting: on a local cluster's API server, a kind cluster's nodes,
+podman. Tests that share a machine-wide thing run as one unit, in file order, on one worker:
 
-* ``cluster``: every module that starts a local cluster, and so every test that uses the session
-  one (``kube_cluster`` is made once per worker: all its users must be on the same worker);
-* ``podman``: kind's clusters and the image built from the Dockerfile (one podman storage, one
-  image cache);
+* ``cluster``: every module that starts a Kubernetes cluster, local or kind, and so every test
+  that uses the session one (``kube_cluster`` is made once per worker: all its users must be on
+  the same worker), and the image built from the Dockerfile (kind's module builds it too, into
+  the same podman store). Never two clusters at once: root's inotify instances are capped at
+  128 (``fs.inotify.max_user_instances``; a kubelet takes 6 or 7, kind's four nodes 74 in all),
+  and a kubelet that finds none left exits (``inotify_init: too many open files``). Raising the
+  cap is the host's call, not the suite's.
 * ``demo``: ``mokka demo`` at its default directory (its own tests and the installed package's).
 
-Everything else is spread test by test. The unit with the most tests goes first (xdist's scope
-scheduling), so the cluster's modules start at once beside kind's, and the unit tests fill in
-behind: on two cores the whole suite took 23 minutes instead of 37. It is not CI's default: with
-kind's cluster running beside them, local clusters fail to come up now and then — their kubelets
-log ``inotify_init: too many open files`` and exit (root's inotify instances are capped at 128 by
-``fs.inotify.max_user_instances``, and kind's four nodes and a four-node local cluster use them up;
-raising it is the host's call, not the suite's) — and once the GPU Operator's toolkit operand did
-not restart containerd within 300 s.
+Everything else is spread test by test over the other worker. The unit with the most tests goes
+first (xdist's scope scheduling), so the cluster lane starts at once and the unit tests fill in
+beside it. Without ``-n`` (or with ``-p no:xdist``) the suite runs in one process, in file order.
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ from typing import Any
 import pytest
 
 GROUPS = {
-    "cluster": ("test_cluster_", "test_e2e_dra.py"),
-    "podman": ("test_kind_cluster.py", "test_dockerfile_image.py"),
+    "cluster": ("test_cluster_", "test_e2e_dra.py", "test_kind_cluster.py", "test_dockerfile_image.py"),
     "demo": ("test_demo.py", "test_packaging.py"),
 }
 
