@@ -132,8 +132,8 @@ def _virtual_gpu_line(health: Any, i: str, was_faulty: bool) -> str:
     return "healthy again" if was_faulty else "healthy"
 
 
-def where_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--root / --driver-root / --state / --node: which node's state to change."""
+def cluster_node_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--node / --cluster-dir: a node of the local cluster."""
     fn = click.option(
         "--cluster-dir",
         type=click.Path(file_okay=False, path_type=Path),
@@ -141,13 +141,18 @@ def where_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         show_default=True,
         help="With --node: the local cluster's --dir.",
     )(fn)
-    fn = click.option(
+    return click.option(
         "--node",
         default=None,
         metavar="NAME",
         help="A node of the local cluster (`mokka cluster up`; its names: `mokka cluster status`): only that "
-        "node's GPUs change.",
+        "node changes.",
     )(fn)
+
+
+def where_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--root / --driver-root / --state / --node: which node's state to change."""
+    fn = cluster_node_options(fn)
     fn = click.option(
         "--state",
         "state_file",

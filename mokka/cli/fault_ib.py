@@ -13,21 +13,12 @@ from typing import Any
 
 import click
 
-from .fault import _cluster_node_root, fault
+from .fault import _cluster_node_root, cluster_node_options, fault
 from .root import fail
 
 
 def _where(fn: Callable[..., Any]) -> Callable[..., Any]:
-    fn = click.option(
-        "--cluster-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default="/run/mokka-cluster",
-        show_default=True,
-        help="With --node: the local cluster's --dir.",
-    )(fn)
-    fn = click.option("--node", default=None, metavar="NAME", help="A node of the local cluster (`mokka cluster up`).")(
-        fn
-    )
+    fn = cluster_node_options(fn)
     fn = click.option(
         "--root",
         type=click.Path(path_type=Path),
