@@ -74,8 +74,8 @@ def bus_id(domain: int, bus: int, device: int, function: int = 0) -> str:
 
 
 def paired_gpus(profile: Profile) -> list[int | None]:
-    """The GPU each adapter is paired with: the profile's list, then adapter i with GPU i while
-    there are GPUs; an adapter whose GPU is beyond the node's count is not on the node."""
+    """The GPU each adapter is paired with: the profile's list, then adapter i with GPU i (an
+    adapter whose GPU is beyond the node's count is not on the node: :func:`adapter_bus_ids`)."""
     ib = profile.infiniband
     if ib is None:
         return []

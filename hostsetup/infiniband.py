@@ -16,14 +16,13 @@ libibumad (``ibstat``), the ``ibstatus`` script, libibverbs' device discovery an
 columns of ``nvidia-smi topo -m``) read exactly these. The sysfs shim shows them at their real
 paths; hwloc places each adapter by the PCI path its class link resolves to.
 
-Port state (``mokka fault ib-port-down`` etc.) is kept in the files themselves: :func:`port_files`
-renders a port from a :class:`PortState`, and the fault command rewrites the files it changes.
+Port faults (``mokka fault ib-port-down`` etc.) are kept in the files themselves: :func:`port_files`
+renders a port as staged, and the fault functions at the end rewrite the files they change.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpumodel import pcie
@@ -98,14 +97,6 @@ MMIO_BASE = 0x2000_0000_0000
 BAR_FLAGS = 0x14220C
 
 
-@dataclass(frozen=True)
-class PortState:
-    """What a port reports that faults change."""
-
-    up: bool = True
-    counters: dict[str, int] = field(default_factory=dict)
-
-
 def state_text(up: bool) -> str:
     return "4: ACTIVE" if up else "1: DOWN"
 
@@ -124,17 +115,17 @@ def ib_dir(hca: Hca, behind: dict[int, pcie.Switch]) -> Path:
     return hca_dir(hca, behind) / "infiniband" / hca.name
 
 
-def port_files(hca: Hca, port: Port, state: PortState) -> dict[str, str]:
-    """A port's files, relative to ``ports/<n>/``."""
+def port_files(hca: Hca, port: Port) -> dict[str, str]:
+    """A port's files as staged (link up, counters 0), relative to ``ports/<n>/``."""
     ib = hca.spec
     infiniband = ib.link_layer == "InfiniBand"
     out = {
-        "state": state_text(state.up),
-        "phys_state": phys_state_text(state.up),
+        "state": state_text(True),
+        "phys_state": phys_state_text(True),
         "rate": ib.rate_text,
-        "lid": f"0x{port.lid:x}" if state.up else "0x0",
+        "lid": f"0x{port.lid:x}",
         "lid_mask_count": "0",
-        "sm_lid": "0x1" if infiniband and state.up else "0x0",
+        "sm_lid": "0x1" if infiniband else "0x0",
         "sm_sl": "0",
         "cap_mask": f"0x{CAP_MASK:08x}",
         "link_layer": ib.link_layer,
@@ -142,9 +133,9 @@ def port_files(hca: Hca, port: Port, state: PortState) -> dict[str, str]:
         "pkeys/0": "0xffff",
     }
     for name in COUNTERS:
-        out[f"counters/{name}"] = str(state.counters.get(name, 0))
+        out[f"counters/{name}"] = "0"
     for name in HW_COUNTERS:
-        out[f"hw_counters/{name}"] = str(state.counters.get(name, 0))
+        out[f"hw_counters/{name}"] = "0"
     return out
 
 
@@ -240,7 +231,7 @@ def files(profile: Profile, behind: dict[int, pcie.Switch]) -> dict[Path, bytes 
         link(dev / "device", base)
         link(Path("sys/class/infiniband") / hca.name, dev)
         for port in hca.ports:
-            for rel, value in port_files(hca, port, PortState()).items():
+            for rel, value in port_files(hca, port).items():
                 text(dev / "ports" / str(port.number) / rel, value)
             for kind, minor in (("umad", umad), ("issm", ISSM_BASE + umad)):
                 mad = base / "infiniband_mad" / f"{kind}{umad}"
