@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpumodel import atomic, mig_state
-from gpumodel.profile import MIB, Profile
+from gpumodel import atomic, infiniband, mig_state
+from gpumodel.profile import MELLANOX_VENDOR, MIB, Profile
 
 LABEL_DOMAIN = "nvidia.com"
 ANNOTATION = "mokka.io/node-identity"
@@ -130,17 +130,20 @@ def gfd_labels(profile: Profile) -> dict[str, str]:
 
 
 def nfd_features(profile: Profile) -> dict[str, str]:
-    """Features for NFD's local source: what its pci source reports for the GPUs' functions.
+    """Features for NFD's local source: what its pci source reports for the GPUs' functions and
+    the InfiniBand adapters' (class 0207, which the GPU Operator's NFD configuration whitelists).
 
     Keys are as written in the feature file; NFD publishes them as
     ``feature.node.kubernetes.io/<key>``. Both the GPU Operator's vendor-only form
-    (``pci-10de.present``) and NFD's default class+vendor form (``pci-0302_10de.present``).
+    (``pci-10de.present``, ``pci-15b3.present``) and NFD's default class+vendor form
+    (``pci-0302_10de.present``, ``pci-0207_15b3.present``).
     """
+    functions = [(d.spec.pci.class_code, d.spec.pci.vendor_id) for d in profile.devices()]
+    functions += [(h.spec.pci_class, MELLANOX_VENDOR) for h in infiniband.adapters(profile)]
     features: dict[str, str] = {}
-    for device in profile.devices():
-        pci = device.spec.pci
-        features[f"pci-{pci.vendor_id:04x}.present"] = "true"
-        features[f"pci-{pci.class_code >> 8:04x}_{pci.vendor_id:04x}.present"] = "true"
+    for class_code, vendor in functions:
+        features[f"pci-{vendor:04x}.present"] = "true"
+        features[f"pci-{class_code >> 8:04x}_{vendor:04x}.present"] = "true"
     return dict(sorted(features.items()))
 
 

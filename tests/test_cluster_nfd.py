@@ -86,7 +86,8 @@ def test_virtual_nodes_carry_the_pci_labels_nfd_gives_a_real_node_of_their_profi
     """A virtual H100 node has no NFD worker, but carries what NFD put on the real H100 node from
     Mokka's feature file: one node model, whoever made the node."""
     real = {k: v for k, v in cluster.node("h100-0").labels().items() if k.startswith("feature.node.kubernetes.io/pci-")}
-    assert real
+    assert real["feature.node.kubernetes.io/pci-15b3.present"] == "true"  # its ConnectX-7 adapters too
+    assert real["feature.node.kubernetes.io/pci-0207_15b3.present"] == "true"
     found = cluster.get(f"/api/v1/nodes?labelSelector={VIRTUAL_LABEL}=true")["items"]
     assert len(found) == 2
     for item in found:

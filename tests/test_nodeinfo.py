@@ -98,14 +98,22 @@ def test_label_examples() -> None:
 
 
 def test_nfd_features() -> None:
-    p = profile.load("h100")
-    assert nodeinfo.nfd_features(p) == {"pci-0302_10de.present": "true", "pci-10de.present": "true"}
+    p = profile.load("h100")  # GPUs and ConnectX-7 InfiniBand adapters
+    assert nodeinfo.nfd_features(p) == {
+        "pci-0207_15b3.present": "true",
+        "pci-0302_10de.present": "true",
+        "pci-10de.present": "true",
+        "pci-15b3.present": "true",
+    }
     text = nodeinfo.nfd_feature_file(p)
     assert text.startswith("#") and text.endswith("\n")
     assert [line for line in text.splitlines() if not line.startswith("#")] == [
+        "pci-0207_15b3.present=true",
         "pci-0302_10de.present=true",
         "pci-10de.present=true",
+        "pci-15b3.present=true",
     ]
+    assert nodeinfo.nfd_features(profile.load("l40s")) == {"pci-0302_10de.present": "true", "pci-10de.present": "true"}
 
 
 def fgo_extract(body: dict[str, Any]) -> dict[str, Any]:
