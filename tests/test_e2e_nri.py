@@ -299,3 +299,39 @@ def test_external_allocator(
             plugin.stop()
         assert_sees_exactly(run_probe(box, annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"}), layout, 1)
         assert_sees_exactly(run_probe(box, cdi_devices=["nvidia.com/gpu=2"]), layout, 2)
+
+
+@pytest.fixture(scope="module")
+def ib_image(tmp_path_factory: pytest.TempPathFactory, layout: nodelayout.NodeLayout) -> Path:
+    """busybox with Debian's ibstat and ibstatus and, ahead of busybox's on PATH, the dynamically
+    linked dash, cat and sed that ibstatus runs on in a Debian image (a static busybox is out of
+    any LD_PRELOAD's reach, as it is out of a real image's sysfs-reading path): nothing Mokka's."""
+    tools = [Path(p) for p in (shutil.which("ibstat", path="/usr/sbin:/sbin"), "/usr/sbin/ibstatus") if p]
+    if len(tools) != 2 or not all(t.exists() for t in tools):
+        pytest.fail("ibstat and ibstatus not found: install Debian's infiniband-diags (.ci/setup --tests does)")
+    shell = [Path("/bin/dash"), Path("/usr/bin/cat"), Path("/usr/bin/sed")]
+    needs = [tools[0], *shell] + ([Path(layout.sysfs_shim)] if layout.sysfs_shim else [])
+    rootfs = images.make_rootfs(tmp_path_factory.mktemp("ib") / "rootfs", programs=needs)
+    for tool in tools:
+        shutil.copy2(tool, rootfs / "usr/sbin" / tool.name)
+    (rootfs / "usr/local/bin").mkdir(parents=True)
+    for program in shell:
+        shutil.copy2(program, rootfs / "usr/local/bin" / program.name)
+    return images.oci_archive(rootfs, tmp_path_factory.mktemp("ib-image") / "ib.tar", "localhost/mokka/ib:1")
+
+
+def test_a_gpu_container_reads_the_nodes_infiniband_adapters(
+    node_with_plugin: tuple[sandbox.Sandbox, PluginProcess], ib_image: Path
+) -> None:
+    """Unmodified ibstat and ibstatus in a container the plugin gave the GPUs: they read the node's
+    adapters through the sysfs tree and shim it mounts, as nvidia-smi reads the GPUs' PCI sysfs."""
+    box, _ = node_with_plugin
+    box.import_image(ib_image)
+    pod = box.run_pod(f"ib{time.monotonic_ns() % 10**8}")
+    script = "ibstat -l; echo ---; ibstat mlx5_4; echo ---; dash /usr/sbin/ibstatus mlx5_4"
+    result = box.run_container(pod, "localhost/mokka/ib:1", ["sh", "-c", script])
+    box.remove_pod(pod)
+    listed, one, status = result.logs.split("---\n")
+    assert listed.split() == [f"mlx5_{i}" for i in range(8)], result.logs
+    assert "CA type: MT4129" in one and "State: Active" in one and "Rate: 400" in one, result.logs
+    assert "rate:\t\t 400 Gb/sec (4X NDR)" in status, result.logs
