@@ -5,11 +5,12 @@ podman. Tests that share a machine-wide thing run as one unit, in file order, on
 
 * ``cluster``: every module that starts a Kubernetes cluster, local or kind, and so every test
   that uses the session one (``kube_cluster`` is made once per worker: all its users must be on
-  the same worker), and the image built from the Dockerfile (kind's module builds it too, into
-  the same podman store). Never two clusters at once: root's inotify instances are capped at
-  128 (``fs.inotify.max_user_instances``; a kubelet takes 6 or 7, kind's four nodes 74 in all),
-  and a kubelet that finds none left exits (``inotify_init: too many open files``). Raising the
-  cap is the host's call, not the suite's.
+  the same worker). Never two clusters at once: root's inotify instances are capped at 128
+  (``fs.inotify.max_user_instances``; a kubelet takes 6 or 7, kind's four nodes 74 in all), and a
+  kubelet that finds none left exits (``inotify_init: too many open files``). Raising the cap is
+  the host's call, not the suite's.
+* ``image``: the image built from the Dockerfile, beside the clusters (kind's module builds the
+  same image: the builds take turns on the image cache's lock, ``kind.dockerfile_image``).
 * ``demo``: ``mokka demo`` at its default directory (its own tests and the installed package's).
 
 Everything else is spread test by test over the other worker. The unit with the most tests goes
@@ -25,7 +26,8 @@ from typing import Any
 import pytest
 
 GROUPS = {
-    "cluster": ("test_cluster_", "test_e2e_dra.py", "test_kind_cluster.py", "test_dockerfile_image.py"),
+    "cluster": ("test_cluster_", "test_e2e_dra.py", "test_kind_cluster.py"),
+    "image": ("test_dockerfile_image.py",),
     "demo": ("test_demo.py", "test_packaging.py"),
 }
 

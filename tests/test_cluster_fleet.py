@@ -290,14 +290,16 @@ def test_a_fabric_delay_needs_a_rack(tmp_path: Path) -> None:
     ]
 
 
-def test_a_node_that_fails_to_come_up_fails_up_naming_it_and_the_step(tmp_path: Path) -> None:
+def test_a_node_that_fails_to_come_up_fails_up_naming_it_and_the_step(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """A node whose GPU is lost: NVIDIA's device plugin cannot list its GPUs and exits (as on a real
     node). `up` fails with one line naming that node and the step, and tears everything down."""
     lost = tmp_path / "lost.yaml"
     data = yaml.safe_load(Path(profile.__file__).with_name("profiles").joinpath("h100.yaml").read_text())
     data.update(name="lost", gpu_count=1, gpus={0: {"lost": True}})
     lost.write_text(yaml.safe_dump(data))
-    base = tmp_path / "c"
+    base = tmp_path_factory.mktemp("c")  # short: containerd's socket paths (under xdist's popen-gwN/ too)
     res = run_cli("cluster", "up", "--dir", str(base), "--node", "t4:1", "--node", str(lost))
     assert res.returncode == 1 and "Traceback" not in res.stderr
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("mokka: error:")]

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from cluster_fixtures import host_sysctls, pod_manifest, run_pod, wait_for
 
-from gpumodel import profile
+from gpumodel import pcie, profile
+from hostsetup import sysfs
 from k8snode import nodeinfo
 from localcluster.cluster import Cluster
 
@@ -119,10 +120,11 @@ def test_gfd_agrees_with_mokkas_own_labels(kube_cluster: Cluster, core: Any) -> 
 def test_pci_root_is_a_real_symlink_chain_in_the_namespace(kube_cluster: Cluster) -> None:
     """What NVIDIA's tools read: readlink of /sys/bus/pci/devices/<bus id> names the PCI root; the
     machine's own devices stay visible beside the mock ones."""
+    behind = pcie.switches(PROFILE)  # a GPU paired with an InfiniBand adapter sits behind their PCIe switch
     for device in PROFILE.devices()[:2]:
         bus = device.bus_id.lower()[4:]  # 0000:53:00.0
         res = kube_cluster.run(["readlink", "-f", f"/sys/bus/pci/devices/{bus}"])
-        assert res.stdout.strip() == f"/sys/devices/pci{bus[:7]}/{bus}", res.stderr
+        assert res.stdout.strip() == "/" + str(sysfs.device_dir(device, behind.get(device.index))), res.stderr
         vendor = kube_cluster.run(["cat", f"/sys/bus/pci/devices/{bus}/vendor", f"/sys/bus/pci/devices/{bus}/class"])
         assert vendor.stdout.split() == ["0x10de", "0x030200"]
     own = kube_cluster.run(["ls", "/sys/bus/pci/devices"]).stdout.split()
