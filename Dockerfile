@@ -19,7 +19,16 @@ RUN apt-get update \
         build-essential python3 python3-dev python3-venv ca-certificates debian-archive-keyring gpgv \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+# The dependencies and the build requirements first, read from pyproject.toml alone: a layer that a
+# change to the sources (or the README) reuses, so only the project itself is built again below.
+COPY pyproject.toml ./
+# hadolint ignore=DL3013
+RUN python3 -m venv /opt/mokka/venv \
+    && python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
+print('\n'.join(p['project']['dependencies'] + p['build-system']['requires']))" > /tmp/requirements.txt \
+    && /opt/mokka/venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+COPY setup.py README.md ./
 COPY native/ native/
 COPY gpumodel/ gpumodel/
 COPY cdi/ cdi/
@@ -32,11 +41,10 @@ COPY containers/ containers/
 COPY localcluster/ localcluster/
 COPY bench/ bench/
 COPY mokka/ mokka/
-# `pip install .` compiles native/ (nvml.h from PyPI's nvidia-nvml-dev, a build requirement)
-# and ships the libraries inside the package; kubernetes is the node-identity client.
+# `pip install .` compiles native/ (nvml.h from PyPI's nvidia-nvml-dev, a build requirement
+# installed above) and ships the libraries inside the package; kubernetes is the node-identity client.
 # hadolint ignore=DL3013
-RUN python3 -m venv /opt/mokka/venv \
-    && /opt/mokka/venv/bin/pip install --no-cache-dir . "kubernetes>=29" \
+RUN /opt/mokka/venv/bin/pip install --no-cache-dir --no-build-isolation --no-deps . \
     && /opt/mokka/venv/bin/mokka --version
 
 # nvidia-smi from Debian's non-free archive (550: trixie, 535: bookworm), verified and

@@ -123,8 +123,11 @@ def test_the_package_build_has_what_it_needs() -> None:
         assert top in copied, f"package {package} is not copied into the build stage"
     assert pyproject["project"]["readme"] in copied
     assert {"pyproject.toml", "setup.py", "native"} <= copied
-    run = " ".join(rest for word, rest in instructions() if word == "RUN")
-    assert "pip install --no-cache-dir ." in run
+    runs = [rest for word, rest in instructions() if word == "RUN"]
+    # the dependencies and build requirements from pyproject.toml in a layer of their own, then the project
+    deps = next(i for i, r in enumerate(runs) if "pip install --no-cache-dir -r /tmp/requirements.txt" in r)
+    project = next(i for i, r in enumerate(runs) if "pip install --no-cache-dir --no-build-isolation --no-deps ." in r)
+    assert deps < project and "['build-system']['requires']" in runs[deps]
 
 
 def test_nvidia_smi_build_argument() -> None:
