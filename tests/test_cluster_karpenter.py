@@ -47,6 +47,13 @@ def test_up_makes_a_node_pool_per_virtual_pool_and_no_node(cluster: Cluster) -> 
     assert {t["name"]: t["resources"]["nvidia.com/gpu"] for t in types} == {"mokka-h100": "8", "mokka-t4-1": "1"}
 
 
+def diagnosis(cluster: Cluster) -> str:
+    """What the cluster says happened: its recent events and the tail of Karpenter's log."""
+    events = cluster.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout
+    log = (cluster.layout.logs / "karpenter.log").read_text(errors="replace").splitlines()[-40:]
+    return "events:\n" + "\n".join(events.splitlines()[-40:]) + "\nkarpenter.log:\n" + "\n".join(log)
+
+
 def test_pending_gpu_pods_get_nodes_of_their_pools_and_consolidation_removes_them(cluster: Cluster) -> None:
     from kubernetes import client
 
@@ -66,7 +73,10 @@ def test_pending_gpu_pods_get_nodes_of_their_pools_and_consolidation_removes_the
     try:
 
         def placed() -> dict[str, str] | None:
-            pods = {n: core.read_namespaced_pod(n, "default") for n in names}
+            try:
+                pods = {n: core.read_namespaced_pod(n, "default") for n in names}
+            except client.exceptions.ApiException as exc:  # once seen under load: a pod gone (404) in seconds
+                pytest.fail(f"a pending pod vanished ({exc.status}): {diagnosis(cluster)}")
             running = {n: p.spec.node_name for n, p in pods.items() if p.status.phase == "Running"}
             return running if len(running) == len(names) else None
 
