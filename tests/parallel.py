@@ -1,4 +1,4 @@
-"""How the suite shares two pytest-xdist workers (the README's test command runs ``-n 2``).
+"""How the suite shares two pytest-xdist workers when asked to (``-n 2``; CI runs it in one process).
 
 Most of the suite's wall time is waiting: on a local cluster's API server, a kind cluster's nodes,
 podman. Tests that share a machine-wide thing run as one unit, in file order, on one worker:
