@@ -37,6 +37,7 @@ from .sysfs import (
     cpulist,
     cpumask,
     function_dir,
+    numa_cpus,
     rel_path,
     resource_file,
 )
@@ -180,14 +181,13 @@ def files(profile: Profile, behind: dict[int, pcie.Switch]) -> dict[Path, bytes 
     driver = Path("sys/bus/pci/drivers/mlx5_core")
     nodes = profile.topology.numa_nodes
     ncpus = cpu_count(profile)
-    per_node = max(1, ncpus // nodes)
     umad = 0
     for hca in hcas:
         ib = hca.spec
         base = hca_dir(hca, behind)
         slot = PciName.of(hca.bus_id).slot
         node = hca.numa_node
-        cpus = list(range(node * per_node, ncpus if node == nodes - 1 else (node + 1) * per_node))
+        cpus = numa_cpus(node, profile)
         for key, value in (
             ("vendor", f"0x{MELLANOX_VENDOR:04x}"),
             ("device", f"0x{ib.device_id:04x}"),

@@ -195,6 +195,13 @@ def cpu_count(profile: Profile) -> int:
     return profile.topology.cpus or (os.cpu_count() or 1)
 
 
+def numa_cpus(node: int, profile: Profile) -> list[int]:
+    """The CPUs of NUMA node ``node``: an even split of the node's CPUs, the last node taking the rest."""
+    total, nodes = cpu_count(profile), profile.topology.numa_nodes
+    per_node = max(1, total // nodes)
+    return list(range(node * per_node, total if node == nodes - 1 else (node + 1) * per_node))
+
+
 def cpulist(cpus: list[int]) -> str:
     """``0-55,112-167``: the kernel's %*pbl format."""
     ranges: list[str] = []
@@ -597,8 +604,7 @@ def nvswitch_files(profile: Profile) -> dict[Path, bytes | Link]:
         name = PciName.of(bus_id)
         base = Path("sys/devices") / name.root_bus / name.slot
         node = min(nodes - 1, i * nodes // len(switches))
-        per_node = max(1, cpus_total // nodes)
-        cpus = list(range(node * per_node, cpus_total if node == nodes - 1 else (node + 1) * per_node))
+        cpus = numa_cpus(node, profile)
         device_id = profile.topology.nvswitch_device_id
         for key, value in (
             ("vendor", "0x10de"),
