@@ -393,8 +393,10 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
         cdi_devices: Sequence[str] = (),
+        devices: Sequence[tuple[str, str]] = (),
     ) -> str:
-        """CreateContainer in ``pod``; ``cdi_devices`` fill the CRI ``CDI_devices`` field. Returns the id."""
+        """CreateContainer in ``pod``; ``cdi_devices`` fill the CRI ``CDI_devices`` field, ``devices``
+        (container path, host path) its ``devices``, as kubelet passes a device plugin's. Returns the id."""
         api = self.cri.api
         record = self._pods[pod]
         record.containers += 1
@@ -409,6 +411,7 @@ class Sandbox:
             log_path=f"{name}.log",
             linux=api.LinuxContainerConfig(),
             cdi_devices=[api.CdiDevice(name=d) for d in cdi_devices],
+            devices=[api.Device(container_path=c, host_path=h, permissions="rw") for c, h in devices],
         )
         cid = self._call(self.cri.create_container, pod, config, record.config)
         self._logs[cid] = record.log_directory / f"{name}.log"

@@ -34,6 +34,7 @@ from containers import cleanup, images, sandbox
 from containers.plugin_process import PluginProcess
 from gpumodel import nodelayout, profile
 from gpumodel.edits import SHIM_IN_CONTAINER
+from hostsetup import infiniband
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow, pytest.mark.root]
 
@@ -303,17 +304,28 @@ def test_external_allocator(
 
 @pytest.fixture(scope="module")
 def ib_image(tmp_path_factory: pytest.TempPathFactory, layout: nodelayout.NodeLayout) -> Path:
-    """busybox with Debian's ibstat and ibstatus and, ahead of busybox's on PATH, the dynamically
+    """busybox with Debian's ibstat, ibstatus, ibv_devinfo (libibverbs and its mlx5 provider),
+    perfquery and sminfo (libibmad, libibumad) and, ahead of busybox's on PATH, the dynamically
     linked dash, cat and sed that ibstatus runs on in a Debian image (a static busybox is out of
     any LD_PRELOAD's reach, as it is out of a real image's sysfs-reading path): nothing Mokka's."""
-    tools = [Path(p) for p in (shutil.which("ibstat", path="/usr/sbin:/sbin"), "/usr/sbin/ibstatus") if p]
-    if len(tools) != 2 or not all(t.exists() for t in tools):
-        pytest.fail("ibstat and ibstatus not found: install Debian's infiniband-diags (.ci/setup --tests does)")
+    names = ("ibstat", "ibstatus", "perfquery", "sminfo", "ibv_devinfo")
+    tools = [shutil.which(name, path="/usr/sbin:/sbin:/usr/bin") for name in names]
+    provider = Path("/usr/lib/x86_64-linux-gnu/libibverbs/libmlx5-rdmav34.so")
+    if not all(tools) or not provider.exists():
+        pytest.fail(
+            f"{', '.join(names)} and the mlx5 verbs provider: install Debian's infiniband-diags, ibverbs-utils "
+            "and ibverbs-providers (.ci/setup --tests does)"
+        )
+    binaries = [Path(t) for t in tools if t and not t.endswith("ibstatus")]
     shell = [Path("/bin/dash"), Path("/usr/bin/cat"), Path("/usr/bin/sed")]
-    needs = [tools[0], *shell] + ([Path(layout.sysfs_shim)] if layout.sysfs_shim else [])
+    needs = [*binaries, provider, *shell] + ([Path(layout.sysfs_shim)] if layout.sysfs_shim else [])
     rootfs = images.make_rootfs(tmp_path_factory.mktemp("ib") / "rootfs", programs=needs)
     for tool in tools:
-        shutil.copy2(tool, rootfs / "usr/sbin" / tool.name)
+        shutil.copy2(str(tool), rootfs / "usr/sbin" / Path(str(tool)).name)
+    (rootfs / provider.parent.relative_to("/")).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(provider, rootfs / provider.relative_to("/"))
+    (rootfs / "etc/libibverbs.d").mkdir(parents=True)
+    shutil.copy2("/etc/libibverbs.d/mlx5.driver", rootfs / "etc/libibverbs.d/mlx5.driver")
     (rootfs / "usr/local/bin").mkdir(parents=True)
     for program in shell:
         shutil.copy2(program, rootfs / "usr/local/bin" / program.name)
@@ -321,17 +333,38 @@ def ib_image(tmp_path_factory: pytest.TempPathFactory, layout: nodelayout.NodeLa
 
 
 def test_a_gpu_container_reads_the_nodes_infiniband_adapters(
-    node_with_plugin: tuple[sandbox.Sandbox, PluginProcess], ib_image: Path
+    node_with_plugin: tuple[sandbox.Sandbox, PluginProcess], ib_image: Path, layout: nodelayout.NodeLayout
 ) -> None:
-    """Unmodified ibstat and ibstatus in a container the plugin gave the GPUs: they read the node's
-    adapters through the sysfs tree and shim it mounts, as nvidia-smi reads the GPUs' PCI sysfs."""
+    """Unmodified ibstat, ibstatus, ibv_devinfo, perfquery and sminfo in a container the plugin gave
+    the GPUs: they read the node's adapters through the sysfs tree and shim it mounts, as nvidia-smi
+    reads the GPUs' PCI sysfs, and the shim answers libibverbs' device verbs and the umad device."""
     box, _ = node_with_plugin
     box.import_image(ib_image)
     pod = box.run_pod(f"ib{time.monotonic_ns() % 10**8}")
-    script = "ibstat -l; echo ---; ibstat mlx5_4; echo ---; dash /usr/sbin/ibstatus mlx5_4"
-    result = box.run_container(pod, "localhost/mokka/ib:1", ["sh", "-c", script])
+    script = (
+        "ibstat -l; echo ---; ibstat mlx5_4; echo ---; dash /usr/sbin/ibstatus mlx5_4; echo ---; "
+        "ibv_devinfo -d mlx5_4; echo ---; perfquery -C mlx5_4; echo ---; sminfo -C mlx5_4"
+    )
+    # The adapters' device nodes, as an RDMA device plugin has kubelet pass them (the GPU plugin
+    # does not): without them libibverbs lists no adapter and the umad device does not open.
+    ib_nodes = [
+        (f"/dev/infiniband/{name}", f"{layout.dev_root}/infiniband/{name}")
+        for name, _, _ in infiniband.device_nodes(profile.load(PROFILE))
+    ]
+    bare = box.run_container(pod, "localhost/mokka/ib:1", ["sh", "-c", "ibv_devinfo; perfquery"])
+    assert "No IB devices found" in bare.logs and "Failed to open" in bare.logs, bare.logs
+    result = box.run_container(pod, "localhost/mokka/ib:1", ["sh", "-c", script], devices=ib_nodes)
     box.remove_pod(pod)
-    listed, one, status = result.logs.split("---\n")
+    listed, one, status, devinfo, counters, sm = result.logs.split("---\n")
     assert listed.split() == [f"mlx5_{i}" for i in range(8)], result.logs
     assert "CA type: MT4129" in one and "State: Active" in one and "Rate: 400" in one, result.logs
     assert "rate:\t\t 400 Gb/sec (4X NDR)" in status, result.logs
+    # libibverbs (ibv_devinfo) and the MAD tools (libibumad, libibmad) see the same adapter and port.
+    guid = re.search(r"Node GUID: 0x([0-9a-f]{16})", one)
+    lid = re.search(r"Base lid: (\d+)", one)
+    assert guid and lid, result.logs
+    colons = ":".join(guid[1][i : i + 4] for i in range(0, 16, 4))
+    assert "hca_id:\tmlx5_4" in devinfo and f"node_guid:\t\t\t{colons}" in devinfo, result.logs
+    assert "PORT_ACTIVE (4)" in devinfo and f"port_lid:\t\t{lid[1]}" in devinfo, result.logs
+    assert f"# Port counters: Lid {lid[1]} port 1" in counters and "SymbolErrorCounter:..............0" in counters
+    assert "sm lid 1 " in sm and "SMINFO_MASTER" in sm, result.logs

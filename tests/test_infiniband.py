@@ -242,6 +242,130 @@ def test_mokka_exec_runs_ibstat_on_a_throwaway_node() -> None:
     assert "Rate: 800" in res.stdout  # 4X XDR
 
 
+@pytest.mark.consumers
+def test_ibv_devinfo_opens_each_adapter(node: Path) -> None:
+    """ibv_devinfo (libibverbs, unmodified) opens each adapter and reads its device and port
+    attributes: the shim answers the device verbs from the adapter's sysfs files."""
+    hcas = infiniband.adapters(profiles.load("h100"))
+    res = shimmed(node, [tool("ibv_devinfo"), "-l"])
+    assert res.returncode == 0 and res.stdout.startswith("8 HCAs found:"), res.stdout + res.stderr
+    assert sorted(res.stdout.split()[3:]) == [h.name for h in hcas]
+    for hca in (hcas[0], hcas[5]):
+        res = shimmed(node, [tool("ibv_devinfo"), "-v", "-d", hca.name])
+        assert res.returncode == 0, res.stderr
+        out = res.stdout
+        guid = format_guid(hca.node_guid)
+        for line in (
+            f"hca_id:\t{hca.name}",
+            "transport:\t\t\tInfiniBand (0)",
+            f"fw_ver:\t\t\t\t{hca.spec.fw_version}",
+            f"node_guid:\t\t\t{guid}",
+            "vendor_id:\t\t\t0x02c9",
+            f"vendor_part_id:\t\t\t{hca.spec.device_id}",
+            f"board_id:\t\t\t{hca.spec.board_id}",
+            "phys_port_cnt:\t\t\t1",
+            "state:\t\t\tPORT_ACTIVE (4)",
+            f"port_lid:\t\t{hca.ports[0].lid}",
+            "link_layer:\t\tInfiniBand",
+            "active_width:\t\t4X (2)",
+            "active_speed:\t\t100.0 Gbps (128)",
+            "phys_state:\t\tLINK_UP (5)",
+            f"GID[  0]:\t\t{infiniband.gid0(hca.ports[0])}",
+        ):
+            assert line in out, (line, out)
+    # The data path is not simulated: a program that goes on to allocate resources is told so.
+    res = shimmed(node, [tool("ibv_rc_pingpong"), "-d", hcas[0].name])
+    assert res.returncode != 0 and "Couldn't allocate PD" in res.stderr, res.stdout + res.stderr
+
+
+def test_the_shims_verbs_structures_are_libibverbs_own() -> None:
+    """The structures the shim fills (native/sysfs/ibverbs_abi.h) have the sizes and offsets of
+    libibverbs' public header (libibverbs-dev; .ci/setup --tests installs it)."""
+    header = Path("/usr/include/infiniband/verbs.h")
+    if not header.exists():
+        pytest.fail("infiniband/verbs.h not found: install Debian's libibverbs-dev (.ci/setup --tests does)")
+    pairs = {
+        "ibv_device_attr": (
+            "mokka_ibv_device_attr",
+            ["node_guid", "max_qp", "atomic_cap", "max_pkeys", "phys_port_cnt"],
+        ),
+        "ibv_port_attr": ("mokka_ibv_port_attr", ["gid_tbl_len", "lid", "sm_lid", "active_speed", "link_layer"]),
+        "ibv_context": ("mokka_ibv_context", ["cmd_fd", "async_fd", "num_comp_vectors", "mutex", "abi_compat"]),
+    }
+    checks = []
+    for real, (ours, fields) in pairs.items():
+        checks.append(f'_Static_assert(sizeof(struct {real}) == sizeof(struct {ours}), "{real}");')
+        for f in fields:
+            checks.append(
+                f'_Static_assert(offsetof(struct {real}, {f}) == offsetof(struct {ours}, {f}), "{real}.{f}");'
+            )
+    source = '#include <stddef.h>\n#include <infiniband/verbs.h>\n#include "ibverbs_abi.h"\n' + "\n".join(checks)
+    res = subprocess.run(
+        ["cc", "-fsyntax-only", "-I", str(REPO / "native/sysfs"), "-x", "c", "-"],
+        input=source,
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.consumers
+def test_mad_tools_ask_the_port(node: Path) -> None:
+    """perfquery, smpquery, ibaddr and sminfo (libibmad and libibumad, unmodified) send their MADs
+    through the umad device; the shim answers what the port itself holds, and libibmad decodes it."""
+    hca = infiniband.adapters(profiles.load("h100"))[2]
+    port = hca.ports[0]
+    ca = ["-C", hca.name]
+    res = shimmed(node, [tool("smpquery"), *ca, "-D", "nodeinfo", "0"])
+    assert res.returncode == 0, res.stderr
+    for line in (
+        "NodeType:........................Channel Adapter",
+        "NumPorts:........................1",
+        f"Guid:............................0x{hca.node_guid:016x}",
+        f"PortGuid:........................0x{port.guid:016x}",
+        f"DevId:...........................0x{hca.spec.device_id:04x}",
+        "VendorId:........................0x0002c9",
+    ):
+        assert line in res.stdout, (line, res.stdout)
+    res = shimmed(node, [tool("smpquery"), *ca, "-D", "portinfo", "0"])
+    assert res.returncode == 0, res.stderr
+    for line in (
+        f"Lid:.............................{port.lid}",
+        "SMLid:...........................1",
+        "LinkWidthActive:.................4X",
+        "LinkState:.......................Active",
+        "PhysLinkState:...................LinkUp",
+        "LinkSpeedExtActive:..............106.25 Gbps",  # NDR
+        f"CapMask:.........................0x{ibsysfs.CAP_MASK:x}",
+    ):
+        assert line in res.stdout, (line, res.stdout)
+    assert f"h100 {hca.name}" in shimmed(node, [tool("smpquery"), *ca, "-D", "nodedesc", "0"]).stdout
+    res = shimmed(node, [tool("ibaddr"), *ca])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"GID fe80::{_ipv6_tail(port.guid)} LID start 0x{port.lid:x} end 0x{port.lid:x}"
+    res = shimmed(node, [tool("sminfo"), *ca])
+    assert res.returncode == 0 and "sm lid 1 sm guid 0xa088c20300000001" in res.stdout, res.stdout + res.stderr
+    assert res.stdout.rstrip().endswith("state 3 SMINFO_MASTER")
+    res = shimmed(node, [tool("perfquery"), *ca])
+    assert res.returncode == 0, res.stderr
+    assert f"# Port counters: Lid {port.lid} port 1 (CapMask: 0x5A00)" in res.stdout
+    assert "SymbolErrorCounter:..............0" in res.stdout
+    res = shimmed(node, [tool("perfquery"), *ca, "-x"])
+    assert res.returncode == 0 and "PortXmitData:....................0" in res.stdout, res.stderr
+
+
+def _ipv6_tail(guid: int) -> str:
+    """The GUID's four groups as an IPv6 address prints them (leading zeros dropped)."""
+    return ":".join(f"{(guid >> s) & 0xFFFF:x}" for s in (48, 32, 16, 0))
+
+
+@pytest.mark.consumers
+def test_mokka_exec_runs_the_rdma_tools_on_a_throwaway_node() -> None:
+    res = mokka("exec", "--profile", "h100", "--", "sh", "-c", "ibv_devinfo -d mlx5_7 && perfquery -C mlx5_7")
+    assert res.returncode == 0, res.stderr
+    assert "hca_id:\tmlx5_7" in res.stdout and "# Port counters: Lid" in res.stdout
+
+
 # ---- faults --------------------------------------------------------------------------------
 
 
@@ -256,6 +380,9 @@ def test_port_faults_and_clear(node: Path) -> None:
     out = shimmed(node, [ibstat, "mlx5_2"]).stdout
     assert "State: Down" in out and "Physical state: Disabled" in out and "Base lid: 0" in out
     assert "1: DOWN" in shimmed(node, [tool("ibstatus"), "mlx5_2"]).stdout
+    smpquery = [tool("smpquery"), "-C", "mlx5_2", "-P", "1", "-D", "portinfo", "0"]  # a down port: named
+    smp = shimmed(node, smpquery).stdout
+    assert "LinkState:.......................Down" in smp and "PhysLinkState:...................Disabled" in smp
     assert (port / "counters/link_downed").read_text() == "1\n"
     assert "State: Active" in shimmed(node, [ibstat, "mlx5_3"]).stdout  # the others untouched
 
@@ -269,6 +396,22 @@ def test_port_faults_and_clear(node: Path) -> None:
     out = shimmed(node, [ibstat, "mlx5_2"]).stdout
     assert "State: Active" in out and f"Base lid: {lid}" in out
     assert all(f.read_text() == "0\n" for f in (port / "counters").iterdir())
+
+
+@pytest.mark.consumers
+def test_perfquery_counts_injected_link_errors(node: Path) -> None:
+    """perfquery reads the port's counters as they move: injected symbol errors, the link's recovery
+    and its going down, and zeros again once cleared."""
+    perfquery = [tool("perfquery"), "-C", "mlx5_6"]
+    assert mokka("fault", "ib-link-errors", "--hca", "6", "--count", "7", "--root", str(node)).returncode == 0
+    out = shimmed(node, perfquery).stdout
+    assert "SymbolErrorCounter:..............7" in out and "LinkErrorRecoveryCounter:........1" in out, out
+    assert "PortRcvErrors:...................7" in out, out
+    assert mokka("fault", "ib-link-errors", "--hca", "6", "--count", "70000", "--root", str(node)).returncode == 0
+    assert "SymbolErrorCounter:..............65535" in shimmed(node, perfquery).stdout  # 16 bits, saturated
+    assert mokka("fault", "ib-clear", "--hca", "6", "--root", str(node)).returncode == 0
+    out = shimmed(node, perfquery).stdout
+    assert "SymbolErrorCounter:..............0" in out and "LinkErrorRecoveryCounter:........0" in out, out
 
 
 @pytest.mark.parametrize(

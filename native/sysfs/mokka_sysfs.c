@@ -27,6 +27,9 @@
  *
  * No allocation: paths are rewritten in a PATH_MAX buffer on the stack (realpath(p, NULL)
  * allocates as libc does). The real functions are found with dlsym(RTLD_NEXT) once each.
+ *
+ * The same library answers for the staged InfiniBand adapters beyond their files: umad.c serves
+ * /dev/infiniband/umadN (the MAD tools), ibverbs.c libibverbs' device verbs (ibv_devinfo).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -42,14 +45,8 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-/* Bind dlsym to its oldest version so the shim also loads under glibc < 2.34 (containers). */
-#if defined(__x86_64__)
-__asm__(".symver dlsym,dlsym@GLIBC_2.2.5");
-#elif defined(__aarch64__)
-__asm__(".symver dlsym,dlsym@GLIBC_2.17");
-#endif
+#include "shim.h"
 
-#define HOOK __attribute__((visibility("default")))
 
 /* Not declared by current glibc headers (or only under _FORTIFY_SOURCE). */
 int __open_2(const char *path, int flags);
@@ -72,25 +69,6 @@ enum { UNSET = 0, BUSY = 1, OFF = 2, ON = 3 };
 static int g_state;            /* atomic: UNSET -> BUSY -> OFF | ON */
 static char g_root[PATH_MAX];  /* canonical, no trailing '/'; written once before ON */
 static size_t g_rootlen;
-
-/* The next definition of `fn`, looked up once (racing threads store the same pointer). */
-#define NEXT(fn)                                                              \
-    ({                                                                        \
-        static __typeof__(&fn) next_;                                         \
-        __typeof__(&fn) f_ = __atomic_load_n(&next_, __ATOMIC_ACQUIRE);       \
-        if (f_ == NULL) {                                                     \
-            f_ = (__typeof__(&fn))dlsym(RTLD_NEXT, #fn);                      \
-            __atomic_store_n(&next_, f_, __ATOMIC_RELEASE);                   \
-        }                                                                     \
-        f_;                                                                   \
-    })
-
-/* Call the next `fn`, or fail with ENOSYS when this libc has none (an old or new glibc). */
-#define CALL(fn, fail, ...)                                                   \
-    ({                                                                        \
-        __typeof__(&fn) c_ = NEXT(fn);                                        \
-        c_ ? c_(__VA_ARGS__) : (errno = ENOSYS, (fail));                      \
-    })
 
 static void init(void) {
     int expected = UNSET;
@@ -123,7 +101,7 @@ static void init(void) {
 
 __attribute__((constructor)) static void mokka_sysfs_init(void) { init(); }
 
-static int enabled(void) {
+int shim_enabled(void) {
     int s = __atomic_load_n(&g_state, __ATOMIC_ACQUIRE);
     if (s < OFF) {
         init();
@@ -162,8 +140,8 @@ static int redirected(const char *p) {
 }
 
 /* `path` under the root in `buf`, or NULL when it is not redirected (or too long). */
-static const char *map(const char *path, char *buf) {
-    if (path == NULL || !enabled() || !redirected(path))
+const char *shim_map(const char *path, char *buf) {
+    if (path == NULL || !shim_enabled() || !redirected(path))
         return NULL;
     size_t n = strlen(path);
     if (g_rootlen + n >= PATH_MAX)
@@ -173,6 +151,28 @@ static const char *map(const char *path, char *buf) {
     return buf;
 }
 
+int shim_read(const char *path, char *buf, size_t size) {
+    char staged[PATH_MAX];
+    const char *p = shim_map(path, staged);
+    if (p == NULL || size == 0)
+        return -1;
+    int saved = errno;
+    int fd = CALL(open, -1, p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        errno = saved;
+        return -1;
+    }
+    ssize_t n = read(fd, buf, size - 1);
+    close(fd);
+    errno = saved;
+    if (n < 0)
+        return -1;
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' '))
+        n--;
+    buf[n] = '\0';
+    return (int)n;
+}
+
 /* The staged tree lacks the path: try the real one. */
 static int missing(void) { return errno == ENOENT || errno == ENOTDIR; }
 
@@ -180,7 +180,7 @@ static int missing(void) { return errno == ENOENT || errno == ENOTDIR; }
 #define TRY(type, bad, call)                                                  \
     do {                                                                      \
         char buf_[PATH_MAX];                                                  \
-        const char *P = map(path, buf_);                                      \
+        const char *P = shim_map(path, buf_);                                      \
         if (P != NULL) {                                                      \
             int saved_ = errno;                                               \
             type r_ = (call);                                                 \
@@ -211,35 +211,55 @@ static int needs_mode(int flags) {
 
 /* ---- open ---------------------------------------------------------------------------- */
 
+/* A umad device (/dev/infiniband/umadN) opens as a descriptor the MAD responder serves. */
+#define DEVICE(path, flags)                                                   \
+    do {                                                                      \
+        int u_ = umad_open(path, flags);                                      \
+        if (u_ != -2)                                                         \
+            return u_;                                                        \
+    } while (0)
+
 HOOK int open(const char *path, int flags, ...) {
+    DEVICE(path, flags);
     MODE_ARG(flags);
     TRY(int, -1, CALL(open, -1, P, flags, mode));
 }
 
 HOOK int open64(const char *path, int flags, ...) {
+    DEVICE(path, flags);
     MODE_ARG(flags);
     TRY(int, -1, CALL(open64, -1, P, flags, mode));
 }
 
 HOOK int openat(int dirfd, const char *path, int flags, ...) {
+    DEVICE(path, flags);
     MODE_ARG(flags);
     TRY(int, -1, CALL(openat, -1, dirfd, P, flags, mode));
 }
 
 HOOK int openat64(int dirfd, const char *path, int flags, ...) {
+    DEVICE(path, flags);
     MODE_ARG(flags);
     TRY(int, -1, CALL(openat64, -1, dirfd, P, flags, mode));
 }
 
-HOOK int __open_2(const char *path, int flags) { TRY(int, -1, CALL(__open_2, -1, P, flags)); }
+HOOK int __open_2(const char *path, int flags) {
+    DEVICE(path, flags);
+    TRY(int, -1, CALL(__open_2, -1, P, flags));
+}
 
-HOOK int __open64_2(const char *path, int flags) { TRY(int, -1, CALL(__open64_2, -1, P, flags)); }
+HOOK int __open64_2(const char *path, int flags) {
+    DEVICE(path, flags);
+    TRY(int, -1, CALL(__open64_2, -1, P, flags));
+}
 
 HOOK int __openat_2(int dirfd, const char *path, int flags) {
+    DEVICE(path, flags);
     TRY(int, -1, CALL(__openat_2, -1, dirfd, P, flags));
 }
 
 HOOK int __openat64_2(int dirfd, const char *path, int flags) {
+    DEVICE(path, flags);
     TRY(int, -1, CALL(__openat64_2, -1, dirfd, P, flags));
 }
 
@@ -348,7 +368,7 @@ static const char *unrooted(const char *p) {
 
 HOOK char *realpath(const char *path, char *resolved) {
     char buf[PATH_MAX];
-    const char *m = map(path, buf);
+    const char *m = shim_map(path, buf);
     if (m != NULL) {
         int saved = errno;
         char tmp[PATH_MAX];
