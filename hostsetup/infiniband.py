@@ -23,9 +23,10 @@ renders a port as staged, and the fault functions at the end rewrite the files t
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
-from gpumodel import pcie
+from gpumodel import fabric, pcie
 from gpumodel.infiniband import Hca, Port, adapters, gid0, lid_of
 from gpumodel.profile import MELLANOX_VENDOR, Profile, format_guid
 
@@ -42,6 +43,10 @@ from .sysfs import (
     resource_file,
 )
 
+# The subnet around the node's adapters (gpumodel/fabric.py), where the sysfs shim's MAD responder
+# reads it: a dot file, which no tool lists. Host setup writes the node alone on its rails; the
+# local cluster writes the subnet of all its nodes (write_fabric).
+FABRIC = Path("sys/class/infiniband_mad/.mokka-fabric")
 UVERBS_MAJOR = 231  # ib_uverbs, ib_umad: the kernel's fixed InfiniBand major
 UVERBS_BASE = 192
 ISSM_BASE = 64
@@ -248,6 +253,7 @@ def files(profile: Profile, behind: dict[int, pcie.Switch]) -> dict[Path, bytes 
         link(Path("sys/class/infiniband_verbs") / f"uverbs{hca.index}", verbs)
     text(Path("sys/class/infiniband_verbs/abi_version"), str(UVERBS_ABI))
     text(Path("sys/class/infiniband_mad/abi_version"), str(UMAD_ABI))
+    out[FABRIC] = fabric.render(fabric.subnet([(profile.name, profile)])).encode()
     for key in ("bind", "unbind", "new_id", "remove_id", "uevent"):
         out[driver / key] = b""
     return out
@@ -349,3 +355,49 @@ def ports(root: Path) -> list[tuple[int, int]]:
     for dev in sorted(base.iterdir(), key=lambda p: int(p.name.rpartition("_")[2])):
         out += [(int(dev.name.rpartition("_")[2]), int(p.name)) for p in sorted((dev / "ports").iterdir())]
     return out
+
+
+# ---- the subnet around the nodes ---------------------------------------------------------
+
+
+def write_fabric(nodes: Sequence[tuple[str, Profile, Path]]) -> None:
+    """The subnet of every node of a cluster (host name, profile as staged, staged root), written
+    into each node's tree, with each adapter's node description ``<host> mlx5_N`` as rdma-ndd sets
+    it on a real host; links as the ports are now (see :func:`sync_fabric`)."""
+    for host, prof, root in nodes:
+        for hca in adapters(prof):
+            desc = root / "sys/class/infiniband" / hca.name / "node_desc"
+            if desc.exists():
+                _write(desc, f"{host} {hca.name}")
+    text = fabric.render(fabric.subnet([(host, prof) for host, prof, _ in nodes]))
+    for _, _, root in nodes:
+        if (root / FABRIC).parent.is_dir():
+            _write(root / FABRIC, text.rstrip("\n"))
+    sync_fabric([root for _, _, root in nodes])
+
+
+def sync_fabric(roots: Sequence[Path]) -> None:
+    """Each node's fabric file with every link's state as the adapter ports under ``roots`` show
+    it now: a port taken down on one node is a link down in every node's view."""
+    states: dict[tuple[str, str], bool] = {}
+    for root in roots:
+        for hca, port in ports(root):
+            dev = root / "sys/class/infiniband" / f"mlx5_{hca}"
+            guid = dev.joinpath("node_guid").read_text().strip().replace(":", "")
+            up = (dev / "ports" / str(port) / "state").read_text().strip() == state_text(True)
+            states[(guid, str(port))] = up
+    for root in roots:
+        path = root / FABRIC
+        if not path.exists():
+            continue
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            words = line.split()
+            if words[:1] != ["link"]:
+                continue
+            ends = [(words[1], words[2]), (words[3], words[4])]
+            known = [states[e] for e in ends if e in states]
+            if known:
+                words[5] = str(int(all(known)))
+                lines[i] = " ".join(words)
+        _write(path, "\n".join(lines))

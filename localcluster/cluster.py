@@ -335,6 +335,9 @@ class Cluster(Context):
         )
         with self.step(f"mock nodes staged ({staged})"):
             self.each("mock node", lambda n: n.stage(self.profiles[n.name], kit.nvidia_smi))
+        if any(self.profiles[n.name].infiniband for n in nodes):
+            with self.step("InfiniBand subnet: every node's adapters on their rail's leaf switch, one spine"):
+                gpustack.stage_fabric([(n.name, self.profiles[n.name], n.layout) for n in nodes])
         with self.step("network namespace (the pods' bridge, Services' rules) and the host's way in"):
             controlplane.start_network(self)
         with self.step("certificates and kubeconfigs"):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gpumodel import nodelayout
 from gpumodel.profile import Profile
+from hostsetup import infiniband
 from hostsetup import node as hostnode
 from hostsetup.view import sysfs_view
 from k8snode import gfd
@@ -36,6 +37,18 @@ def stage_node(layout: NodeLayout, profile: Profile, nvidia_smi: Path) -> nodela
     plan = hostnode.plan(profile, hostnode.Options(root=layout.node_root, nvidia_smi=nvidia_smi))
     hostnode.apply(plan)
     return nodelayout.NodeLayout.load(layout.node_root)
+
+
+def stage_fabric(nodes: Sequence[tuple[str, Profile, NodeLayout]]) -> None:
+    """The cluster's InfiniBand subnet in every node's tree: each node's adapters on their rail's
+    leaf switch (the tools that walk the fabric see the other nodes; gpumodel/fabric.py)."""
+    infiniband.write_fabric([(name, prof, layout.node_root) for name, prof, layout in nodes])
+
+
+def sync_fabric(layouts: Sequence[NodeLayout]) -> None:
+    """Every node's view of the subnet with the links as the nodes' ports are now (after a port
+    fault on one of them)."""
+    infiniband.sync_fabric([layout.node_root for layout in layouts])
 
 
 def unstage_node(layout: NodeLayout) -> list[str]:

@@ -218,6 +218,41 @@ def test_cordoning_a_node_moves_new_pods_to_its_peers(core: Any) -> None:
         core.patch_node("h100-0", {"spec": {"unschedulable": False}})
 
 
+def in_node_view(cluster: Cluster, node: str, argv: list[str]) -> str:
+    """``argv`` (an unmodified Debian tool) as a GPU pod on ``node`` runs it: through the sysfs shim,
+    over the node's staged tree (the NRI plugin mounts both into the pod)."""
+    import shutil
+
+    root = cluster.node(node).layout.node_root
+    tool = shutil.which(argv[0], path="/usr/sbin:/sbin:/usr/bin")
+    if tool is None:
+        pytest.fail(f"{argv[0]} not found: install Debian's infiniband-diags (.ci/setup --tests does)")
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LD_PRELOAD": str(root / "lib/libmokka-sysfs.so")}
+    env["MOKKA_SYSFS_ROOT"] = str(root)
+    res = subprocess.run([tool, *argv[1:]], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def test_the_nodes_adapters_share_one_subnet(fleet_cluster: Cluster) -> None:
+    """The three H100 nodes' adapters (one per GPU) hang off the rails' leaf switches of one
+    subnet: ibnetdiscover on h100-0 finds h100-1's and h100-2's; a port taken down on h100-2
+    (`mokka fault ib-port-down --node h100-2`) is a link down in h100-0's iblinkinfo, and back
+    after ib-clear. The T4 node has no adapter."""
+    found = in_node_view(fleet_cluster, "h100-0", ["ibnetdiscover", "-p"])
+    cas = sorted(ln.split("'")[1] for ln in found.splitlines() if ln.startswith("CA "))
+    assert cas == ["h100-0 mlx5_0", "h100-0 mlx5_1", "h100-1 mlx5_0", "h100-2 mlx5_0"], found
+    base = ["--cluster-dir", str(fleet_cluster.layout.base)]
+    try:
+        assert run_cli("fault", "ib-port-down", "--hca", "0", "--node", "h100-2", *base).returncode == 0
+        links = in_node_view(fleet_cluster, "h100-0", ["iblinkinfo", "-l"])
+        assert "Down/Disabled" in links and "h100-2 mlx5_0" not in links, links
+        assert "h100-2 mlx5_0" not in in_node_view(fleet_cluster, "h100-1", ["ibnetdiscover", "-p"])
+    finally:
+        assert run_cli("fault", "ib-clear", "--hca", "0", "--node", "h100-2", *base).returncode == 0
+    assert "h100-2 mlx5_0" in in_node_view(fleet_cluster, "h100-0", ["ibnetdiscover", "-p"])
+
+
 def test_a_fault_on_one_node_changes_only_that_node(fleet_cluster: Cluster, core: Any) -> None:
     """`mokka fault xid 79 --node h100-2`: that node's device plugin marks its GPU unhealthy (its
     allocatable drops to 0); every other node keeps its GPUs. (v0.18.0 never marks a device

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from test_profile import BUILTINS
 
-from gpumodel import fleet, infiniband, pcie
+from gpumodel import fabric, fleet, infiniband, pcie
 from gpumodel import profile as profiles
 from gpumodel.profile import format_guid
 from hostsetup import infiniband as ibsysfs
@@ -344,7 +344,8 @@ def test_mad_tools_ask_the_port(node: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == f"GID fe80::{_ipv6_tail(port.guid)} LID start 0x{port.lid:x} end 0x{port.lid:x}"
     res = shimmed(node, [tool("sminfo"), *ca])
-    assert res.returncode == 0 and "sm lid 1 sm guid 0xa088c20300000001" in res.stdout, res.stdout + res.stderr
+    spine = fabric.switch_guid("spine")  # the subnet manager
+    assert res.returncode == 0 and f"sm lid 1 sm guid 0x{spine:016x}," in res.stdout, res.stdout + res.stderr
     assert res.stdout.rstrip().endswith("state 3 SMINFO_MASTER")
     res = shimmed(node, [tool("perfquery"), *ca])
     assert res.returncode == 0, res.stderr
@@ -352,6 +353,66 @@ def test_mad_tools_ask_the_port(node: Path) -> None:
     assert "SymbolErrorCounter:..............0" in res.stdout
     res = shimmed(node, [tool("perfquery"), *ca, "-x"])
     assert res.returncode == 0 and "PortXmitData:....................0" in res.stdout, res.stderr
+
+
+@pytest.fixture(scope="module")
+def subnet(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, profiles.Profile, Path]]:
+    """Two h100 nodes of a fleet (each with adapters of its own) staged by host setup, then given
+    the subnet of both as the local cluster gives it its nodes."""
+    from hostsetup import node as hostnode
+
+    out = []
+    for name in ("h100-0", "h100-1"):
+        prof = fleet.as_node(profiles.load("h100"), name)
+        root = tmp_path_factory.mktemp(name)
+        hostnode.apply(hostnode.plan(prof, hostnode.Options(root=root)))
+        out.append((name, prof, root))
+    ibsysfs.write_fabric(out)
+    return out
+
+
+@pytest.mark.consumers
+def test_the_fabric_walks_to_the_other_node(subnet: list[tuple[str, profiles.Profile, Path]]) -> None:
+    """ibnetdiscover and iblinkinfo (libibnetdisc) from one node walk the rails' leaf switches and
+    the spine to the other node's adapters; sminfo finds the spine's subnet manager; smpquery by
+    LID reaches the other node's adapter."""
+    (_, _, root0), (_, prof1, _) = subnet
+    other = infiniband.adapters(prof1)
+    res = shimmed(root0, [tool("ibnetdiscover"), "-p"])
+    assert res.returncode == 0, res.stderr
+    cas = [ln for ln in res.stdout.splitlines() if ln.startswith("CA ")]
+    assert len(cas) == 16, res.stdout  # 8 adapters on each node
+    for hca in other:
+        assert f"0x{hca.node_guid:016x} 4x NDR - SW" in res.stdout and f"'h100-1 {hca.name}'" in res.stdout
+    switches = {ln.split("'")[1] for ln in res.stdout.splitlines() if ln.startswith("SW ")}
+    assert switches == {f"{fabric.SWITCH_DESC} leaf{r}" for r in range(8)} | {f"{fabric.SWITCH_DESC} spine"}
+    res = shimmed(root0, [tool("iblinkinfo"), "-l"])
+    assert res.returncode == 0, res.stderr
+    spine_links = [ln for ln in res.stdout.splitlines() if "spine" in ln and "Active" in ln]
+    assert len(spine_links) >= 8, res.stdout
+    res = shimmed(root0, [tool("sminfo")])
+    assert f"sm lid 1 sm guid 0x{fabric.switch_guid('spine'):016x}" in res.stdout, res.stdout + res.stderr
+    target = other[3].ports[0]
+    res = shimmed(root0, [tool("smpquery"), "nodedesc", str(target.lid)])
+    assert res.returncode == 0 and "h100-1 mlx5_3" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.consumers
+def test_a_port_down_on_one_node_is_a_link_down_in_the_others_view(
+    subnet: list[tuple[str, profiles.Profile, Path]],
+) -> None:
+    (_, _, root0), (_, _, root1) = subnet
+    leaf5 = fabric.switch_guid("leaf5")
+    try:
+        ibsysfs.set_link(root1, 5, 1, up=False)
+        ibsysfs.sync_fabric([root0, root1])
+        out = shimmed(root0, [tool("iblinkinfo"), "-S", f"0x{leaf5:016x}"]).stdout
+        assert "    2[  ] ==(                Down/Disabled)" in out, out
+        assert "h100-1 mlx5_5" not in shimmed(root0, [tool("ibnetdiscover"), "-p"]).stdout
+    finally:
+        ibsysfs.clear_port(root1, 5, 1)
+        ibsysfs.sync_fabric([root0, root1])
+    assert "h100-1 mlx5_5" in shimmed(root0, [tool("ibnetdiscover"), "-p"]).stdout
 
 
 def _ipv6_tail(guid: int) -> str:

@@ -39,11 +39,17 @@ def _root(root: Path | None, node: str | None, cluster_dir: Path) -> Path:
     return root or DEFAULT_ROOT
 
 
-def _run(change: Callable[[], str]) -> None:
+def _run(change: Callable[[], str], node: str | None = None, cluster_dir: Path | None = None) -> None:
+    """Apply ``change``; on a node of the local cluster, every node's view of the subnet follows."""
     from hostsetup.infiniband import PortFaultError
 
     try:
         click.echo(change())
+        if node is not None and cluster_dir is not None:
+            from localcluster.cluster import Cluster
+            from localcluster.gpustack import sync_fabric
+
+            sync_fabric([n.layout for n in Cluster.load(cluster_dir).nodes])
     except PortFaultError as exc:
         fail(str(exc))
     except OSError as exc:
@@ -58,7 +64,7 @@ def ib_port_down(hca: int, port: int, root: Path | None, node: str | None, clust
     from hostsetup import infiniband
 
     where = _root(root, node, cluster_dir)
-    _run(lambda: infiniband.set_link(where, hca, port, up=False))
+    _run(lambda: infiniband.set_link(where, hca, port, up=False), node, cluster_dir)
 
 
 @fault.command("ib-link-errors")
@@ -70,7 +76,7 @@ def ib_link_errors(hca: int, port: int, root: Path | None, node: str | None, clu
     from hostsetup import infiniband
 
     where = _root(root, node, cluster_dir)
-    _run(lambda: infiniband.add_link_errors(where, hca, port, count))
+    _run(lambda: infiniband.add_link_errors(where, hca, port, count), node, cluster_dir)
 
 
 @fault.command("ib-clear")
@@ -80,4 +86,4 @@ def ib_clear(hca: int, port: int, root: Path | None, node: str | None, cluster_d
     from hostsetup import infiniband
 
     where = _root(root, node, cluster_dir)
-    _run(lambda: infiniband.clear_port(where, hca, port))
+    _run(lambda: infiniband.clear_port(where, hca, port), node, cluster_dir)

@@ -173,6 +173,43 @@ int shim_read(const char *path, char *buf, size_t size) {
     return (int)n;
 }
 
+char *shim_read_all(const char *path, size_t *len) {
+    char staged[PATH_MAX];
+    const char *p = shim_map(path, staged);
+    if (p == NULL)
+        return NULL;
+    int saved = errno;
+    int fd = CALL(open, -1, p, O_RDONLY | O_CLOEXEC);
+    char *buf = NULL;
+    size_t used = 0, cap = 0;
+    while (fd >= 0) {
+        if (used + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 16384;
+            char *more = realloc(buf, cap);
+            if (more == NULL)
+                break;
+            buf = more;
+        }
+        ssize_t n = read(fd, buf + used, cap - used - 1);
+        if (n <= 0) {
+            if (n == 0) {
+                buf[used] = '\0';
+                *len = used;
+                close(fd);
+                errno = saved;
+                return buf;
+            }
+            break;
+        }
+        used += (size_t)n;
+    }
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    errno = saved;
+    return NULL;
+}
+
 /* The staged tree lacks the path: try the real one. */
 static int missing(void) { return errno == ENOENT || errno == ENOTDIR; }
 

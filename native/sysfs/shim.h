@@ -48,6 +48,9 @@ const char *shim_map(const char *path, char *buf);
  * trailing newline cut: the length, or -1 when it is missing. */
 int shim_read(const char *path, char *buf, size_t size);
 
+/* The whole staged file `path` (NUL-terminated, its length in *len; the caller frees it), or NULL. */
+char *shim_read_all(const char *path, size_t *len);
+
 /* umad.c: `path` is one of the staged umad devices: a descriptor served by the MAD responder
  * (or -1, errno set); -2 when `path` is no umad device. */
 int umad_open(const char *path, int flags);

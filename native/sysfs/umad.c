@@ -8,18 +8,20 @@
  * as they see the kernel's. The ioctls ib_umad takes (agent registration, P_Key index mode) are
  * answered for these descriptors alone; every other descriptor goes to the next ioctl().
  *
- * What one port can answer from its own view (the staged sysfs under MOKKA_SYSFS_ROOT, so a
- * fault written there shows at once):
+ * The node's own adapter answers from its staged sysfs (under MOKKA_SYSFS_ROOT, so a fault
+ * written there shows at once); the rest of the subnet (the leaf and spine switches, the other
+ * nodes' adapters) from the fabric host setup writes beside it (FABRIC, gpumodel/fabric.py):
  *
- *     SMP, directed route with 0 hops or to the port's LID:  NodeDescription, NodeInfo, PortInfo
- *     SMP to the port's SM LID:                               SMInfo (the subnet manager: master)
- *     PerfMgmt to the port's LID:                             ClassPortInfo, PortCounters,
- *                                                              PortCountersExtended
+ *     SMP, directed route (walked link by link through the fabric) or to a LID:
+ *         NodeDescription, NodeInfo, PortInfo; SwitchInfo of a switch
+ *     SMP to the SM LID:                 SMInfo (the spine runs the master subnet manager)
+ *     PerfMgmt to the port's own LID:    ClassPortInfo, PortCounters, PortCountersExtended
  *
- * Anything else (a LID of another node, a directed route beyond the port) gets no answer, so the
- * tool times out as it does towards a LID nobody holds. Field offsets are the InfiniBand
- * Architecture Specification's (volume 1, chapters 14 and 16); a test decodes the answers with
- * libibmad's own field table.
+ * An attribute a reachable node does not know is answered with MAD status "unsupported"; a MAD
+ * nobody can receive (a LID nobody holds, a path through a link that is down, another node's
+ * counters) gets no answer, and the tool times out as it would. Field offsets are the InfiniBand
+ * Architecture Specification's (volume 1, chapters 14 and 16); tests read the answers with
+ * libibmad's own decoders (smpquery, ibnetdiscover).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -53,14 +55,16 @@ enum {
     ATTR_NODE_DESC = 0x0010,
     ATTR_NODE_INFO = 0x0011,
     ATTR_PORT_INFO = 0x0015,
+    ATTR_SWITCH_INFO = 0x0012,
     ATTR_SM_INFO = 0x0020,
+    STATUS_UNSUPPORTED = 0x000c, /* the method/attribute combination is not supported */
     ATTR_PORT_COUNTERS = 0x0012,
     ATTR_PORT_COUNTERS_EXT = 0x001D,
     FDS = 4096, /* descriptors tracked; a umad device opened above this is not answered */
 };
 
-/* The subnet manager every staged port names at its SM LID: one master for the whole fabric. */
-static const uint64_t SM_GUID = 0xa088c20300000001ULL;
+/* The subnet around the node's adapters, as host setup (or the local cluster) lays it out. */
+static const char FABRIC[] = "/sys/class/infiniband_mad/.mokka-fabric";
 static const uint32_t VENDOR_ID = 0x0002c9; /* Mellanox's IEEE OUI, as NodeInfo carries it */
 static const uint16_t PERF_CAP_MASK = 0x5a00; /* ClassPortInfo of a ConnectX port's PerfMgmt agent */
 
@@ -260,12 +264,6 @@ static void port_info(const struct port *p, uint8_t *d) {
     put8(d, 63, 15);                   /* LinkSpeedExtEnabled */
 }
 
-static void sm_info(uint8_t *d) {
-    put64(d, 0, SM_GUID);
-    put32(d, 16, (uint64_t)time(NULL)); /* ActCount: the SM's activity counter, always moving */
-    nibbles(d, 20, 0, 3);               /* Priority | SMState: master */
-}
-
 static void perf_class_port_info(uint8_t *d) {
     put8(d, 0, 1); /* BaseVersion */
     put8(d, 1, 1); /* ClassVersion */
@@ -310,6 +308,228 @@ static void port_counters_ext(const struct port *p, uint8_t *d) {
     }
 }
 
+/* ---- the fabric ------------------------------------------------------------------------- */
+
+struct fnode {
+    uint64_t guid;
+    int sw;
+    int ports;
+    unsigned device_id;
+    char desc[65];
+};
+
+struct fport {
+    uint64_t node, guid;
+    int number;
+    unsigned lid;
+};
+
+struct flink {
+    uint64_t node[2];
+    int port[2];
+    int up;
+    char rate[24]; /* "(4X NDR)", as the rate parsers read it */
+};
+
+struct fabric {
+    struct fnode *nodes;
+    struct fport *ports;
+    struct flink *links;
+    int nnodes, nports, nlinks;
+};
+
+static void fabric_free(struct fabric *f) {
+    free(f->nodes), free(f->ports), free(f->links);
+    memset(f, 0, sizeof *f);
+}
+
+/* The node's own adapters' links are as their staged ports say now (a fault written there shows
+ * at once); the fabric file carries the other nodes' (the local cluster rewrites it). */
+static void fabric_local_links(struct fabric *f) {
+    for (int i = 0; i < 64; i++) {
+        struct port hca = {.number = 1};
+        snprintf(hca.ca, sizeof hca.ca, "mlx5_%d", i);
+        uint64_t guid = guid_file(&hca, "node_guid");
+        if (guid == 0)
+            break;
+        for (int k = 0; k < f->nlinks; k++)
+            for (int e = 0; e < 2; e++)
+                if (f->links[k].node[e] == guid) {
+                    hca.number = f->links[k].port[e];
+                    f->links[k].up = port_enum(&hca, "state") == 4;
+                }
+    }
+}
+
+/* The fabric file, parsed (empty when there is none). */
+static void fabric_load(struct fabric *f) {
+    memset(f, 0, sizeof *f);
+    size_t len;
+    char *text = shim_read_all(FABRIC, &len);
+    if (text == NULL)
+        return;
+    int lines = 1;
+    for (size_t i = 0; i < len; i++)
+        lines += text[i] == '\n';
+    f->nodes = calloc((size_t)lines, sizeof *f->nodes);
+    f->ports = calloc((size_t)lines, sizeof *f->ports);
+    f->links = calloc((size_t)lines, sizeof *f->links);
+    if (f->nodes == NULL || f->ports == NULL || f->links == NULL) {
+        fabric_free(f);
+        free(text);
+        return;
+    }
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        unsigned long long a, b;
+        int n = 0;
+        if (sscanf(line, "node %llx %*s %d %u %n", &a, &f->nodes[f->nnodes].ports, &f->nodes[f->nnodes].device_id, &n) == 3 && n > 0) {
+            struct fnode *x = &f->nodes[f->nnodes++];
+            x->guid = a;
+            x->sw = strstr(line, " SW ") != NULL;
+            snprintf(x->desc, sizeof x->desc, "%s", line + n);
+        } else if (sscanf(line, "port %llx %d %llx %u", &a, &f->ports[f->nports].number, &b, &f->ports[f->nports].lid) == 4) {
+            f->ports[f->nports].node = a;
+            f->ports[f->nports++].guid = b;
+        } else {
+            struct flink *l = &f->links[f->nlinks];
+            char w[8], sp[8];
+            if (sscanf(line, "link %llx %d %llx %d %d %7s %7s", &a, &l->port[0], &b, &l->port[1], &l->up, w, sp) == 7) {
+                l->node[0] = a, l->node[1] = b;
+                snprintf(l->rate, sizeof l->rate, "(%s %s)", w, sp);
+                f->nlinks++;
+            }
+        }
+    }
+    free(text);
+    fabric_local_links(f);
+}
+
+static const struct fnode *fabric_node(const struct fabric *f, uint64_t guid) {
+    for (int i = 0; i < f->nnodes; i++)
+        if (f->nodes[i].guid == guid)
+            return &f->nodes[i];
+    return NULL;
+}
+
+/* The link at (node, port), and which of its ends that is. */
+static const struct flink *fabric_link(const struct fabric *f, uint64_t node, int port, int *end) {
+    for (int i = 0; i < f->nlinks; i++)
+        for (int e = 0; e < 2; e++)
+            if (f->links[i].node[e] == node && f->links[i].port[e] == port) {
+                *end = e;
+                return &f->links[i];
+            }
+    return NULL;
+}
+
+static const struct fport *fabric_port(const struct fabric *f, uint64_t node, int number) {
+    for (int i = 0; i < f->nports; i++)
+        if (f->ports[i].node == node && f->ports[i].number == number)
+            return &f->ports[i];
+    return NULL;
+}
+
+static const struct fport *fabric_lid(const struct fabric *f, unsigned lid) {
+    for (int i = 0; i < f->nports; i++)
+        if (f->ports[i].lid == lid)
+            return &f->ports[i];
+    return NULL;
+}
+
+/* The rate text "(4X NDR)": PortInfo's width and extended speed codes. */
+static void rate_codes(const char *text, unsigned *width, unsigned *speed_ext) {
+    *width = 2, *speed_ext = 0;
+    const char *w = strchr(text, '(');
+    if (w == NULL)
+        return;
+    static const struct { const char *text; unsigned code; } widths[] = {
+        {"(1X", 1}, {"(2X", 16}, {"(4X", 2}, {"(8X", 4}, {"(12X", 8},
+    };
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
+        if (strncmp(w, widths[i].text, strlen(widths[i].text)) == 0)
+            *width = widths[i].code;
+    static const struct { const char *text; unsigned code; } speeds[] = {
+        {" FDR)", 1}, {" EDR)", 2}, {" HDR)", 4}, {" NDR)", 8},
+    };
+    for (size_t i = 0; i < sizeof speeds / sizeof speeds[0]; i++)
+        if (strstr(w, speeds[i].text) != NULL)
+            *speed_ext = speeds[i].code;
+}
+
+/* ---- what another node of the fabric answers ------------------------------------------- */
+
+static void fabric_node_info(const struct fabric *f, const struct fnode *x, int ingress, uint8_t *d) {
+    const struct fport *p = fabric_port(f, x->guid, x->sw ? 0 : ingress);
+    put8(d, 0, 1);
+    put8(d, 1, 1);
+    put8(d, 2, x->sw ? 2 : 1); /* NodeType: switch or channel adapter */
+    put8(d, 3, (uint64_t)x->ports);
+    put64(d, 4, x->guid);
+    put64(d, 12, x->guid);
+    put64(d, 20, p != NULL ? p->guid : x->guid);
+    put16(d, 28, x->sw ? 8 : 128);
+    put16(d, 30, x->device_id);
+    put8(d, 36, (uint64_t)ingress);
+    put24(d, 37, VENDOR_ID);
+}
+
+/* PortInfo of port `number` of `x` (0: a switch's management port), asked through port
+ * `ingress` (its LocalPortNum); `cap`: the capability mask the fabric's adapters carry (the
+ * local port's). */
+static void fabric_port_info(const struct fabric *f, const struct fnode *x, int number, int ingress, uint32_t cap,
+                             uint8_t *d) {
+    int end = 0;
+    const struct flink *l = number > 0 ? fabric_link(f, x->guid, number, &end) : NULL;
+    const struct fport *p = fabric_port(f, x->guid, x->sw ? 0 : number);
+    const struct fport *sm = fabric_lid(f, 1);
+    unsigned width = 2, speed_ext = 0;
+    if (l != NULL)
+        rate_codes(l->rate, &width, &speed_ext);
+    int up = x->sw && number == 0 ? 1 : l != NULL && l->up;
+    unsigned state = up ? 4 : 1, phys = up ? 5 : (l != NULL ? 3 : 2); /* Disabled when cabled, else Polling */
+    put64(d, 8, 0xfe80000000000000ULL);
+    put16(d, 16, p != NULL ? p->lid : 0);
+    put16(d, 18, sm != NULL ? sm->lid : 0);
+    put32(d, 20, x->sw ? (number == 0 ? 0x0042484a : 0) : cap); /* a switch: port 0 carries it */
+    put8(d, 28, (uint64_t)ingress);
+    put8(d, 29, 19);
+    put8(d, 30, 19);
+    put8(d, 31, up ? width : 0);
+    nibbles(d, 32, 7, state);
+    nibbles(d, 33, x->sw && number == 0 ? 5 : phys, 2);
+    nibbles(d, 35, up ? 1 : 0, 7);
+    nibbles(d, 36, 5, 0);
+    nibbles(d, 37, 3, 0);
+    put8(d, 38, 4);
+    put8(d, 39, 8);
+    put8(d, 40, 8);
+    nibbles(d, 41, 0, 5);
+    put8(d, 42, 7 << 5 | 18);
+    nibbles(d, 43, up ? 3 : 0, 0);
+    put8(d, 50, x->sw ? 0 : 1);
+    put8(d, 51, 18);
+    put8(d, 52, 16);
+    nibbles(d, 62, up ? speed_ext : 0, 15);
+    put8(d, 63, 15);
+}
+
+static void switch_info(uint8_t *d) {
+    put16(d, 0, 0xc000); /* LinearFDBCap */
+    put16(d, 4, 0x4000); /* MulticastFDBCap */
+    put16(d, 6, 0xbfff); /* LinearFDBTop */
+    put8(d, 11, 18 << 3); /* LifeTimeValue */
+    put16(d, 14, 8);      /* PartitionEnforcementCap */
+    put8(d, 16, 0x08);    /* EnhancedPort0 */
+    put16(d, 18, 0xc000); /* MulticastFDBTop */
+}
+
+static void sm_info(uint64_t guid, uint8_t *d) {
+    put64(d, 0, guid);
+    put32(d, 16, (uint64_t)time(NULL)); /* ActCount: the SM's activity counter, always moving */
+    nibbles(d, 20, 0, 3);               /* Priority | SMState: master */
+}
+
 /* ---- the responder ---------------------------------------------------------------------- */
 
 static uint16_t get16(const uint8_t *d, int off) { return (uint16_t)(d[off] << 8 | d[off + 1]); }
@@ -318,31 +538,71 @@ static uint16_t get16(const uint8_t *d, int off) { return (uint16_t)(d[off] << 8
 static int answer(const struct port *p, uint8_t *mad, uint16_t dlid) {
     uint8_t cls = mad[1], method = mad[3];
     uint16_t attr = get16(mad, 16);
+    uint32_t mod = (uint32_t)get16(mad, 20) << 16 | get16(mad, 22);
     uint8_t *d = mad + DATA;
-    uint16_t lid = (uint16_t)port_u64(p, "lid"), sm_lid = (uint16_t)port_u64(p, "sm_lid");
+    uint16_t lid = (uint16_t)port_u64(p, "lid");
+    int up = port_enum(p, "state") == 4;
     if (method != METHOD_GET && !(method == METHOD_SET && cls == CLASS_PERF))
         return 0;
-    int local = cls == CLASS_SMI_DIRECT ? mad[7] == 0 /* hop count */ : dlid != 0 && dlid == lid;
+    uint16_t status = 0;
     if (cls == CLASS_SMI || cls == CLASS_SMI_DIRECT) {
-        if (attr == ATTR_SM_INFO && (local || (cls == CLASS_SMI && sm_lid != 0 && dlid == sm_lid))) {
-            memset(d, 0, 64);
-            sm_info(d);
-        } else if (!local) {
-            return 0;
-        } else if (attr == ATTR_NODE_DESC || attr == ATTR_NODE_INFO || attr == ATTR_PORT_INFO) {
-            memset(d, 0, 64);
-            if (attr == ATTR_NODE_DESC)
-                node_desc(p, d);
-            else if (attr == ATTR_NODE_INFO)
-                node_info(p, d);
-            else
-                port_info(p, d);
-        } else {
+        /* Which node the SMP reaches, and on which of its ports. */
+        struct fabric f;
+        fabric_load(&f);
+        uint64_t self = guid_file(p, "node_guid");
+        uint64_t node = self;
+        int ingress = p->number;
+        if (cls == CLASS_SMI_DIRECT) {
+            int hops = mad[7];
+            if (hops > 0 && !up)
+                node = 0; /* nothing leaves a port that is down */
+            for (int k = 1; k <= hops && node != 0 && k < 64; k++) {
+                int end;
+                const struct flink *l = fabric_link(&f, node, mad[128 + k], &end);
+                if (l == NULL || !l->up) {
+                    node = 0;
+                    break;
+                }
+                node = l->node[1 - end], ingress = l->port[1 - end];
+            }
+        } else if (dlid != lid) {
+            const struct fport *t = up ? fabric_lid(&f, dlid) : NULL;
+            node = t != NULL ? t->node : 0;
+            ingress = t != NULL ? t->number : 0;
+            const struct fnode *x = node != 0 ? fabric_node(&f, node) : NULL;
+            int end;
+            const struct flink *l = x != NULL && !x->sw ? fabric_link(&f, node, ingress, &end) : NULL;
+            if (x == NULL || (!x->sw && (l == NULL || !l->up)))
+                node = 0;
+        }
+        const struct fnode *x = node != 0 && node != self ? fabric_node(&f, node) : NULL;
+        if (node == 0 || (node != self && x == NULL)) {
+            fabric_free(&f);
             return 0;
         }
-        if (cls == CLASS_SMI_DIRECT)
-            mad[4] |= 0x80; /* the D bit: a response travels back along the path */
-    } else if (cls == CLASS_PERF && local) {
+        memset(d, 0, 64);
+        if (attr == ATTR_SM_INFO && x != NULL && x->sw && fabric_port(&f, node, 0) != NULL &&
+            fabric_port(&f, node, 0)->lid == port_u64(p, "sm_lid"))
+            sm_info(node, d);
+        else if (x == NULL && attr == ATTR_NODE_DESC)
+            node_desc(p, d);
+        else if (x == NULL && attr == ATTR_NODE_INFO)
+            node_info(p, d);
+        else if (x == NULL && attr == ATTR_PORT_INFO)
+            port_info(p, d);
+        else if (x != NULL && attr == ATTR_NODE_DESC)
+            memcpy(d, x->desc, strnlen(x->desc, 64));
+        else if (x != NULL && attr == ATTR_NODE_INFO)
+            fabric_node_info(&f, x, ingress, d);
+        else if (x != NULL && attr == ATTR_PORT_INFO)
+            fabric_port_info(&f, x, x->sw ? (int)(mod & 0xff) : (mod & 0xff) ? (int)(mod & 0xff) : ingress, ingress,
+                             (uint32_t)port_u64(p, "cap_mask"), d);
+        else if (x != NULL && x->sw && attr == ATTR_SWITCH_INFO)
+            switch_info(d);
+        else
+            status = STATUS_UNSUPPORTED;
+        fabric_free(&f);
+    } else if (cls == CLASS_PERF && dlid != 0 && dlid == lid) {
         /* A Set (perfquery -r) is answered with the counters as they stand: nothing is reset. */
         memset(d, 0, MAD_SIZE - DATA);
         if (attr == ATTR_CLASS_PORT_INFO)
@@ -352,13 +612,13 @@ static int answer(const struct port *p, uint8_t *mad, uint16_t dlid) {
         else if (attr == ATTR_PORT_COUNTERS_EXT)
             port_counters_ext(p, d);
         else
-            return 0;
+            status = STATUS_UNSUPPORTED;
     } else {
         return 0;
     }
     mad[3] = METHOD_GET_RESP;
-    mad[4] &= 0x80;
-    mad[5] = 0;
+    mad[4] = (uint8_t)((cls == CLASS_SMI_DIRECT ? 0x80 : 0) | (status >> 8 & 0x7f));
+    mad[5] = (uint8_t)status;
     return 1;
 }
 
