@@ -51,6 +51,7 @@ class Target:
 
     state: Path
     kernel_log: Path | None
+    root: Path | None = None  # the staged node (its InfiniBand ports), when known
 
 
 def kernel_log_for(library: Path) -> Path:
@@ -71,7 +72,7 @@ def for_root(root: Path) -> Target:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise FaultError(f"{root}/node.json: unreadable ({exc}), --root") from None
     log = Path(layout.kernel_log) if layout.kernel_log else kernel_log_for(Path(layout.state))
-    return _checked(Target(Path(layout.state), log), "--root")
+    return _checked(Target(Path(layout.state), log, root), "--root")
 
 
 def for_driver_root(path: Path) -> Target:

@@ -1,4 +1,5 @@
-"""The fault vocabulary: what can be injected into a mock GPU, validated once.
+"""The fault vocabulary: what can be injected into a mock GPU (and its node's InfiniBand
+ports), validated once.
 
 One model per kind, shared by the command line (``mokka fault ...``), the Python API
 (:mod:`gpumodel.faults`), scenarios (:mod:`gpumodel.scenario`) and the cluster's fault
@@ -186,6 +187,30 @@ class Fabric(_Fault):
     state: Literal["degraded", "in-progress", "healthy"]
 
 
+class IbPortDown(_Fault):
+    """An InfiniBand adapter's port goes down: Down, Disabled, no LID, LinkDownedCounter + 1
+    (a step names the adapter with ``hca`` and the port with ``port``, not ``gpu``)."""
+
+    kind: Literal["ib-port-down"] = "ib-port-down"
+
+
+class IbLinkErrors(_Fault):
+    """Errors on a live InfiniBand link: ``count`` symbol errors and the receive errors they
+    cause, one link error recovery."""
+
+    kind: Literal["ib-link-errors"] = "ib-link-errors"
+    count: int = Field(ge=1, le=MAX_COUNT)
+
+
+class IbClear(_Fault):
+    """An InfiniBand port as staged: up, its LID back, every counter 0."""
+
+    kind: Literal["ib-clear"] = "ib-clear"
+
+
+IB_KINDS = ("ib-port-down", "ib-link-errors", "ib-clear")
+
+
 class Clear(_Fault):
     """Undo faults: everything a GPU reset undoes; with ``all`` also the persistent record."""
 
@@ -207,6 +232,9 @@ Fault = Annotated[
     | NvLink
     | NvLinkErrors
     | Fabric
+    | IbPortDown
+    | IbLinkErrors
+    | IbClear
     | Clear,
     Field(discriminator="kind"),
 ]
@@ -224,5 +252,8 @@ KINDS = (
     "nvlink",
     "nvlink-errors",
     "fabric",
+    "ib-port-down",
+    "ib-link-errors",
+    "ib-clear",
     "clear",
 )

@@ -25,7 +25,9 @@ A scenario is YAML, validated like a profile (each problem named with file and f
 Each step names one fault, by the kind `mokka fault` uses (``xid``, ``lost``, ``ecc``,
 ``remap``, ``retire``, ``temperature``, ``power``, ``power-limit``, ``utilization``,
 ``clocks``, ``nvlink``, ``nvlink-errors``, ``fabric``, ``clear``), with the same fields
-(:mod:`gpumodel.faultspec`); a scalar stands for the kind's main value (``xid: 79``,
+(:mod:`gpumodel.faultspec`). An InfiniBand step names an adapter of the node instead of GPUs
+(``hca: 2``, optionally ``port: 1``) and one of ``ib-port-down: true``, ``ib-link-errors: 25``,
+``ib-clear: true``. A scalar stands for the kind's main value (``xid: 79``,
 ``temperature: 90``, ``fabric: in-progress``, ``lost: true``). ``to`` names the main value of a ramp and ``over``
 its duration. Durations: ``90``, ``1.5s``, ``500ms``, ``2m``, ``1h``, ``2m30s``.
 
@@ -51,12 +53,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from . import faults
+from . import faults, ib_ports
 from . import faultspec as fs
 
 MAX_OCCURRENCES = 100_000
 # The field a scalar stands for, per kind.
 MAIN_FIELD = {
+    "ib-link-errors": "count",
     "xid": "code",
     "temperature": "celsius",
     "power": "watts",
@@ -65,7 +68,7 @@ MAIN_FIELD = {
     "clocks": "sm",
     "fabric": "state",
 }
-FLAGS = {"lost", "clear"}  # `lost: true`, `clear: true`
+FLAGS = {"lost", "clear", "ib-port-down", "ib-clear"}  # `lost: true`, `clear: true`
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?(?:(\d+(?:\.\d+)?)ms)?$")
 
 
@@ -96,6 +99,8 @@ class Step(BaseModel):
 
     at: float = Field(0.0, description="seconds from the start")
     gpu: int | str | list[int | str] = "all"
+    hca: int | list[int] | None = Field(None, description="an InfiniBand step's adapter(s): mlx5_N")
+    port: int = Field(1, ge=1, le=2, description="an InfiniBand step's port")
     every: float | None = None
     times: int = Field(1, ge=1, le=MAX_OCCURRENCES)
     jitter: float = 0.0
@@ -150,6 +155,8 @@ class Event:
     gpus: tuple[faults.Gpu, ...]
     fault: Any
     step: int  # index in `steps`, for messages
+    hcas: tuple[int, ...] = ()  # an InfiniBand fault's adapters (no GPUs then), on `port`
+    port: int = 1
 
 
 @dataclass(frozen=True)
@@ -167,6 +174,10 @@ class Scenario:
         for i, (step, _kind, fault) in enumerate(self.steps):
             for n in range(step.times):
                 at = step.at + n * (step.every or 0.0) + (rng.uniform(0, step.jitter) if step.jitter else 0.0)
+                if step.hca is not None:
+                    hcas = step.hca if isinstance(step.hca, list) else [step.hca]
+                    events.append(Event(round(at, 6), (), fault, i, tuple(hcas), step.port))
+                    continue
                 if step.gpu == "random":
                     if not gpus:
                         raise ScenarioError(f"{self.source}: steps.{i}.gpu: the node has no GPUs")
@@ -214,6 +225,11 @@ def load_text(text: str, source: str) -> Scenario:
             what = f"unknown key {unknown[0]!r}" if unknown else f"{len(kinds)} faults"
             raise ScenarioError(f"{source}: steps.{i}: {what}; a step names one fault of: {', '.join(fs.KINDS)}")
         kind = kinds[0]
+        if (kind in fs.IB_KINDS) != (step.hca is not None):
+            what = "names its adapter with hca: N (not gpu)" if kind in fs.IB_KINDS else "names GPUs, not hca"
+            raise ScenarioError(f"{source}: steps.{i}: a {kind} step {what}")
+        if kind in fs.IB_KINDS and "gpu" in raw:
+            raise ScenarioError(f"{source}: steps.{i}: a {kind} step names its adapter with hca: N (not gpu)")
         try:
             fault = fault_from(kind, raw[kind])
         except ValidationError as exc:
@@ -250,6 +266,9 @@ def load(name_or_path: str | Path) -> Scenario:
 
 
 def describe(event: Event) -> str:
+    if event.hcas:
+        which = ",".join(f"mlx5_{h}" for h in event.hcas)
+        return f"[{event.at:9.3f}s] {which} port {event.port}: {event.fault.describe()}"
     which = ",".join(str(g.index) for g in event.gpus)
     return f"[{event.at:9.3f}s] GPU {which}: {event.fault.describe()}"
 
@@ -260,6 +279,17 @@ def _scaled(fault: Any, speed: float) -> Any:
     return fault.model_copy(update={"over_s": over / speed}) if over and speed != 1 else fault
 
 
+def _port_of(target: faults.Target, hca: int, port: int, where: str) -> tuple[Path, int]:
+    """The staged node and adapter an InfiniBand step acts on (raises ScenarioError)."""
+    if target.root is None:
+        raise ScenarioError(f"{where}: InfiniBand steps act on a staged node's adapters (--root or --node)")
+    try:
+        ib_ports.port_dir(target.root, hca, port)
+    except ib_ports.PortFaultError as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
+    return target.root, hca
+
+
 def check(target: faults.Target, events: Sequence[Event], source: str) -> None:
     """Try every distinct (step, GPUs) of the timeline on a scratch copy of the state, so a
     fault that does not fit the node is refused before the real run changes anything."""
@@ -268,6 +298,10 @@ def check(target: faults.Target, events: Sequence[Event], source: str) -> None:
         shutil.copyfile(target.state, scratch.state)
         tried: set[tuple[int, tuple[int, ...]]] = set()
         for e in events:
+            if e.hcas:
+                for hca in e.hcas:
+                    _port_of(target, hca, e.port, f"{source}: steps.{e.step}")
+                continue
             key = (e.step, tuple(g.slot for g in e.gpus))
             if key in tried:
                 continue
@@ -300,8 +334,13 @@ def run(
         wait = due - time.monotonic()
         if wait > 0:
             sleep(wait)
-        applied = faults.apply(target, [(e.gpus, _scaled(e.fault, speed)) for e in batch])
+        gpu_faults = [(e.gpus, _scaled(e.fault, speed)) for e in batch if not e.hcas]
+        applied = faults.apply(target, gpu_faults) if gpu_faults else []
         for e in batch:
+            for hca in e.hcas:
+                ib_ports.apply(
+                    _port_of(target, hca, e.port, f"{scenario.source}: steps.{e.step}")[0], hca, e.port, e.fault
+                )
             report(describe(e))
         results += applied
         i += len(batch)

@@ -16,8 +16,9 @@ libibumad (``ibstat``), the ``ibstatus`` script, libibverbs' device discovery an
 columns of ``nvidia-smi topo -m``) read exactly these. The sysfs shim shows them at their real
 paths; hwloc places each adapter by the PCI path its class link resolves to.
 
-Port faults (``mokka fault ib-port-down`` etc.) are kept in the files themselves: :func:`port_files`
-renders a port as staged, and the fault functions at the end rewrite the files they change.
+Port faults (``mokka fault ib-port-down``, fault scenarios) are kept in the files themselves:
+:func:`port_files` renders a port as staged, and :mod:`gpumodel.ib_ports` rewrites the files a
+fault changes.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpumodel import fabric, pcie
-from gpumodel.infiniband import Hca, Port, adapters, gid0, lid_of
+from gpumodel import atomic, fabric, pcie
+from gpumodel.ib_ports import phys_state_text, ports, state_text
+from gpumodel.infiniband import Hca, Port, adapters, gid0
 from gpumodel.profile import MELLANOX_VENDOR, Profile, format_guid
 
 from .sysfs import (
@@ -101,14 +103,6 @@ HW_COUNTERS = (
 BAR_SIZE = 64 << 20
 MMIO_BASE = 0x2000_0000_0000
 BAR_FLAGS = 0x14220C
-
-
-def state_text(up: bool) -> str:
-    return "4: ACTIVE" if up else "1: DOWN"
-
-
-def phys_state_text(up: bool) -> str:
-    return "5: LinkUp" if up else "3: Disabled"
 
 
 def hca_dir(hca: Hca, behind: dict[int, pcie.Switch]) -> Path:
@@ -273,91 +267,11 @@ def device_nodes(profile: Profile) -> list[tuple[str, int, int]]:
     return out
 
 
-# ---- faults: a staged node's ports changed in place (`mokka fault ib-*`) ----------------------
-
-
-class PortFaultError(Exception):
-    """An InfiniBand fault cannot be applied; nothing was changed."""
-
-
-def port_dir(root: Path, hca: int, port: int) -> Path:
-    """``ports/<port>`` of adapter ``mlx5_<hca>`` in the tree staged under ``root``."""
-    base = root / "sys/class/infiniband"
-    if not base.is_dir():
-        raise PortFaultError(f"{root}: the staged node has no InfiniBand adapters (its profile has no infiniband)")
-    names = sorted(p.name for p in base.iterdir())
-    dev = base / f"mlx5_{hca}"
-    if not dev.exists():
-        raise PortFaultError(f"--hca {hca}: no adapter mlx5_{hca} on this node (it has {', '.join(names)})")
-    ports = sorted(int(p.name) for p in (dev / "ports").iterdir())
-    if port not in ports:
-        raise PortFaultError(f"--port {port}: mlx5_{hca} has port {', '.join(map(str, ports))}")
-    return (dev / "ports" / str(port)).resolve()
-
-
-def _read_int(path: Path) -> int:
-    return int(path.read_text().strip() or "0")
+# ---- the subnet around the nodes ---------------------------------------------------------
 
 
 def _write(path: Path, value: str) -> None:
-    from gpumodel import atomic
-
     atomic.write(path, (value + "\n").encode(), 0o644)
-
-
-def _port_guid(pdir: Path) -> int:
-    return int(pdir.joinpath("gids/0").read_text().strip().replace(":", "")[16:], 16)
-
-
-def set_link(root: Path, hca: int, port: int, up: bool) -> str:
-    """Take the port's link down (Down, Disabled, no LID, LinkDownedCounter + 1) or bring it up."""
-    pdir = port_dir(root, hca, port)
-    was_up = pdir.joinpath("state").read_text().strip() == state_text(True)
-    infiniband = pdir.joinpath("link_layer").read_text().strip() == "InfiniBand"
-    _write(pdir / "state", state_text(up))
-    _write(pdir / "phys_state", phys_state_text(up))
-    _write(pdir / "lid", f"0x{lid_of(_port_guid(pdir)):x}" if up and infiniband else "0x0")
-    _write(pdir / "sm_lid", "0x1" if up and infiniband else "0x0")
-    if was_up and not up:
-        _write(pdir / "counters/link_downed", str(_read_int(pdir / "counters/link_downed") + 1))
-    return f"mlx5_{hca} port {port}: {'Active, LinkUp' if up else 'Down, Disabled'}"
-
-
-def add_link_errors(root: Path, hca: int, port: int, symbols: int) -> str:
-    """Errors on a live link: symbol errors (SymbolErrorCounter), one link error recovery and the
-    receive errors they cause (PortRcvErrors)."""
-    if symbols < 1:
-        raise PortFaultError(f"--count {symbols}: at least 1 symbol error")
-    pdir = port_dir(root, hca, port)
-    for name, added in (("symbol_error", symbols), ("link_error_recovery", 1), ("port_rcv_errors", symbols)):
-        _write(pdir / "counters" / name, str(_read_int(pdir / "counters" / name) + added))
-    total = _read_int(pdir / "counters/symbol_error")
-    return f"mlx5_{hca} port {port}: SymbolErrorCounter {total}"
-
-
-def clear_port(root: Path, hca: int, port: int) -> str:
-    """The port as staged: up, every counter back to 0."""
-    pdir = port_dir(root, hca, port)
-    set_link(root, hca, port, True)
-    for sub in ("counters", "hw_counters"):
-        for f in sorted((pdir / sub).iterdir()):
-            if f.read_text().strip() != "0":
-                _write(f, "0")
-    return f"mlx5_{hca} port {port}: cleared (Active, counters 0)"
-
-
-def ports(root: Path) -> list[tuple[int, int]]:
-    """Every (adapter, port) of the node staged under ``root``."""
-    base = root / "sys/class/infiniband"
-    if not base.is_dir():
-        return []
-    out = []
-    for dev in sorted(base.iterdir(), key=lambda p: int(p.name.rpartition("_")[2])):
-        out += [(int(dev.name.rpartition("_")[2]), int(p.name)) for p in sorted((dev / "ports").iterdir())]
-    return out
-
-
-# ---- the subnet around the nodes ---------------------------------------------------------
 
 
 def write_fabric(nodes: Sequence[tuple[str, Profile, Path]]) -> None:

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from gpumodel import faults, scenario
+from gpumodel import faults, ib_ports, scenario
 from gpumodel import faultspec as fs
 
 
@@ -95,6 +95,9 @@ class FaultWatcher:
 
     def _clear(self, tag: int) -> None:
         faults.apply(self.target, [(faults.gpus(self.target), fs.Clear(all=True))], tag=tag)
+        if self.target.root is not None:  # the node's InfiniBand ports too
+            for line in ib_ports.clear_all(self.target.root):
+                self.report(f"{self.source}: {line}")
 
     def _run(self, s: scenario.Scenario, stop: threading.Event) -> None:
         def sleep(seconds: float) -> None:

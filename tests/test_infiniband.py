@@ -18,7 +18,7 @@ import pytest
 import yaml
 from test_profile import BUILTINS
 
-from gpumodel import fabric, fleet, infiniband, pcie
+from gpumodel import fabric, fleet, ib_ports, infiniband, pcie
 from gpumodel import profile as profiles
 from gpumodel.profile import format_guid
 from hostsetup import infiniband as ibsysfs
@@ -29,8 +29,15 @@ REPO = Path(__file__).resolve().parent.parent
 FABRICS = {"a100": 8, "b200": 8, "gb200": 4, "gb300": 4, "h100": 8, "h200": 8}
 
 
-def mokka(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mokka.cli", *args], capture_output=True, text=True, timeout=timeout)
+def mokka(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "mokka.cli", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=_env())
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
 
 
 def tool(name: str) -> str:
@@ -404,13 +411,13 @@ def test_a_port_down_on_one_node_is_a_link_down_in_the_others_view(
     (_, _, root0), (_, _, root1) = subnet
     leaf5 = fabric.switch_guid("leaf5")
     try:
-        ibsysfs.set_link(root1, 5, 1, up=False)
+        ib_ports.set_link(root1, 5, 1, up=False)
         ibsysfs.sync_fabric([root0, root1])
         out = shimmed(root0, [tool("iblinkinfo"), "-S", f"0x{leaf5:016x}"]).stdout
         assert "    2[  ] ==(                Down/Disabled)" in out, out
         assert "h100-1 mlx5_5" not in shimmed(root0, [tool("ibnetdiscover"), "-p"]).stdout
     finally:
-        ibsysfs.clear_port(root1, 5, 1)
+        ib_ports.clear_port(root1, 5, 1)
         ibsysfs.sync_fabric([root0, root1])
     assert "h100-1 mlx5_5" in shimmed(root0, [tool("ibnetdiscover"), "-p"]).stdout
 
@@ -475,6 +482,73 @@ def test_perfquery_counts_injected_link_errors(node: Path) -> None:
     assert "SymbolErrorCounter:..............0" in out and "LinkErrorRecoveryCounter:........0" in out, out
 
 
+SCENARIO = """
+steps:
+  - {hca: 1, ib-link-errors: 12}
+  - {at: 0.2s, hca: [2, 3], ib-port-down: true}
+  - {at: 0.2s, gpu: 0, xid: 79}
+"""
+
+
+def test_a_scenario_steps_on_the_adapters(tmp_path: Path) -> None:
+    """`mokka fault run`: InfiniBand steps (hca, not gpu) beside GPU steps, on a staged node."""
+    root = tmp_path / "node"
+    assert mokka("host", "setup", "--profile", "h100", "--gpus", "4", "--root", str(root)).returncode == 0
+    (tmp_path / "s.yaml").write_text(SCENARIO)
+    res = mokka("fault", "run", str(tmp_path / "s.yaml"), "--root", str(root))
+    assert res.returncode == 0, res.stderr
+    assert "mlx5_1 port 1: ib-link-errors count=12" in res.stdout and "mlx5_2,mlx5_3 port 1: ib-port-down" in res.stdout
+    ports = root / "sys/class/infiniband"
+    assert (ports / "mlx5_1/ports/1/counters/symbol_error").read_text() == "12\n"
+    assert [(ports / f"mlx5_{i}/ports/1/state").read_text() for i in (2, 3, 0)] == ["1: DOWN\n"] * 2 + ["4: ACTIVE\n"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("steps:\n  - {ib-port-down: true}\n", "s.yaml: steps.0: a ib-port-down step names its adapter with hca: N"),
+        ("steps:\n  - {hca: 0, gpu: 1, ib-clear: true}\n", "s.yaml: steps.0: a ib-clear step names its adapter"),
+        ("steps:\n  - {hca: 0, xid: 79}\n", "s.yaml: steps.0: a xid step names GPUs, not hca"),
+        ("steps:\n  - {hca: 0, ib-link-errors: 0}\n", "s.yaml: steps.0.ib-link-errors.count: Input should be greater"),
+        ("steps:\n  - {gpu: 0, xid: 13}\n  - {hca: 6, ib-port-down: true}\n", "s.yaml: steps.1: --hca 6: no adapter"),
+    ],
+)
+def test_a_bad_infiniband_step_is_one_line_and_changes_nothing(tmp_path: Path, text: str, message: str) -> None:
+    from gpumodel import faults
+
+    root = tmp_path / "node"
+    assert mokka("host", "setup", "--profile", "h100", "--gpus", "2", "--root", str(root)).returncode == 0
+    before = {p: p.read_bytes() for p in (root / "sys/class/infiniband/mlx5_0/ports/1").rglob("*") if p.is_file()}
+    state = faults.for_root(root).state.read_bytes()
+    (tmp_path / "s.yaml").write_text(text)
+    res = mokka("fault", "run", "s.yaml", "--root", str(root), cwd=tmp_path)
+    assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert message in res.stderr, res.stderr
+    assert before == {p: p.read_bytes() for p in before}
+    assert state == faults.for_root(root).state.read_bytes()  # no GPU step either
+
+
+def test_the_fault_config_map_reaches_the_adapters(tmp_path: Path) -> None:
+    """The chart's fault watcher (k8snode.faultwatch): an entry's InfiniBand steps change the
+    node's ports; the entry's removal brings them back as staged."""
+    from gpumodel import faults
+    from k8snode.faultwatch import FaultWatcher
+
+    root = tmp_path / "node"
+    assert mokka("host", "setup", "--profile", "h100", "--gpus", "2", "--root", str(root)).returncode == 0
+    lines: list[str] = []
+    w = FaultWatcher(faults.for_root(root), "ConfigMap mokka/mokka-faults key node-a", report=lines.append)
+    w.reconcile("steps:\n  - {hca: 1, ib-port-down: true}\n  - {hca: 0, ib-link-errors: 3}\n")
+    w.wait()
+    port1 = root / "sys/class/infiniband/mlx5_1/ports/1"
+    assert (port1 / "state").read_text() == "1: DOWN\n", lines
+    assert (root / "sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error").read_text() == "3\n"
+    w.reconcile(None)
+    assert (port1 / "state").read_text() == "4: ACTIVE\n" and (port1 / "counters/link_downed").read_text() == "0\n"
+    assert ib_ports.clear_all(root) == []  # nothing left to clear
+    assert any("mlx5_1 port 1: cleared" in line for line in lines), lines
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -497,4 +571,4 @@ def test_a_node_without_adapters_says_so(tmp_path: Path) -> None:
     res = mokka("fault", "ib-port-down", "--hca", "0", "--root", str(tmp_path))
     assert res.returncode != 0
     assert res.stderr.strip().endswith("the staged node has no InfiniBand adapters (its profile has no infiniband)")
-    assert not ibsysfs.ports(tmp_path)
+    assert not ib_ports.ports(tmp_path)

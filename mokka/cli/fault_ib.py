@@ -1,6 +1,6 @@
 """`mokka fault ib-port-down | ib-link-errors | ib-clear`: InfiniBand port faults on a staged node.
 
-The adapters' ports live in the node's sysfs tree (hostsetup/infiniband.py), which containers see
+The adapters' ports live in the node's sysfs tree (gpumodel/ib_ports.py changes them), which containers see
 through the sysfs shim; these commands change the port's files in place, so the next `ibstat`,
 `ibstatus` or counter read anywhere on the node shows the fault.
 """
@@ -41,7 +41,7 @@ def _root(root: Path | None, node: str | None, cluster_dir: Path) -> Path:
 
 def _run(change: Callable[[], str], node: str | None = None, cluster_dir: Path | None = None) -> None:
     """Apply ``change``; on a node of the local cluster, every node's view of the subnet follows."""
-    from hostsetup.infiniband import PortFaultError
+    from gpumodel.ib_ports import PortFaultError
 
     try:
         click.echo(change())
@@ -61,7 +61,7 @@ def _run(change: Callable[[], str], node: str | None = None, cluster_dir: Path |
 def ib_port_down(hca: int, port: int, root: Path | None, node: str | None, cluster_dir: Path) -> None:
     """Take an InfiniBand port's link down: state Down, physical state Disabled, no LID, and
     LinkDownedCounter up by one (ibstat, ibstatus, perfquery's counters)."""
-    from hostsetup import infiniband
+    from gpumodel import ib_ports as infiniband
 
     where = _root(root, node, cluster_dir)
     _run(lambda: infiniband.set_link(where, hca, port, up=False), node, cluster_dir)
@@ -73,7 +73,7 @@ def ib_port_down(hca: int, port: int, root: Path | None, node: str | None, clust
 def ib_link_errors(hca: int, port: int, root: Path | None, node: str | None, cluster_dir: Path, count: int) -> None:
     """Errors on a live link: COUNT symbol errors (SymbolErrorCounter), the receive errors they
     cause (PortRcvErrors) and one link error recovery; the link stays up."""
-    from hostsetup import infiniband
+    from gpumodel import ib_ports as infiniband
 
     where = _root(root, node, cluster_dir)
     _run(lambda: infiniband.add_link_errors(where, hca, port, count), node, cluster_dir)
@@ -83,7 +83,7 @@ def ib_link_errors(hca: int, port: int, root: Path | None, node: str | None, clu
 @_where
 def ib_clear(hca: int, port: int, root: Path | None, node: str | None, cluster_dir: Path) -> None:
     """The port as staged: link up (Active, LinkUp, its LID back) and every counter 0."""
-    from hostsetup import infiniband
+    from gpumodel import ib_ports as infiniband
 
     where = _root(root, node, cluster_dir)
     _run(lambda: infiniband.clear_port(where, hca, port), node, cluster_dir)

@@ -1,0 +1,139 @@
+"""A staged node's InfiniBand ports as they are now, and the faults that change them in place.
+
+The ports live in the node's sysfs tree (staged by ``hostsetup/infiniband.py``); every reader
+(``ibstat``, the shim's MAD responder, containers through the NRI plugin's mount) sees a change
+at once. ``mokka fault ib-port-down | ib-link-errors | ib-clear`` and fault scenarios (steps
+with ``hca``: the cluster's fault ConfigMap too) go through these functions alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from . import atomic
+from .infiniband import lid_of
+
+__all__ = [
+    "PortFaultError",
+    "add_link_errors",
+    "apply",
+    "clear_all",
+    "clear_port",
+    "phys_state_text",
+    "port_dir",
+    "ports",
+    "set_link",
+    "state_text",
+]
+
+
+def state_text(up: bool) -> str:
+    return "4: ACTIVE" if up else "1: DOWN"
+
+
+def phys_state_text(up: bool) -> str:
+    return "5: LinkUp" if up else "3: Disabled"
+
+
+class PortFaultError(Exception):
+    """An InfiniBand fault cannot be applied; nothing was changed."""
+
+
+def port_dir(root: Path, hca: int, port: int) -> Path:
+    """``ports/<port>`` of adapter ``mlx5_<hca>`` in the tree staged under ``root``."""
+    base = root / "sys/class/infiniband"
+    if not base.is_dir():
+        raise PortFaultError(f"{root}: the staged node has no InfiniBand adapters (its profile has no infiniband)")
+    names = sorted(p.name for p in base.iterdir())
+    dev = base / f"mlx5_{hca}"
+    if not dev.exists():
+        raise PortFaultError(f"--hca {hca}: no adapter mlx5_{hca} on this node (it has {', '.join(names)})")
+    ports = sorted(int(p.name) for p in (dev / "ports").iterdir())
+    if port not in ports:
+        raise PortFaultError(f"--port {port}: mlx5_{hca} has port {', '.join(map(str, ports))}")
+    return (dev / "ports" / str(port)).resolve()
+
+
+def _read_int(path: Path) -> int:
+    return int(path.read_text().strip() or "0")
+
+
+def _write(path: Path, value: str) -> None:
+    atomic.write(path, (value + "\n").encode(), 0o644)
+
+
+def _port_guid(pdir: Path) -> int:
+    return int(pdir.joinpath("gids/0").read_text().strip().replace(":", "")[16:], 16)
+
+
+def set_link(root: Path, hca: int, port: int, up: bool) -> str:
+    """Take the port's link down (Down, Disabled, no LID, LinkDownedCounter + 1) or bring it up."""
+    pdir = port_dir(root, hca, port)
+    was_up = pdir.joinpath("state").read_text().strip() == state_text(True)
+    infiniband = pdir.joinpath("link_layer").read_text().strip() == "InfiniBand"
+    _write(pdir / "state", state_text(up))
+    _write(pdir / "phys_state", phys_state_text(up))
+    _write(pdir / "lid", f"0x{lid_of(_port_guid(pdir)):x}" if up and infiniband else "0x0")
+    _write(pdir / "sm_lid", "0x1" if up and infiniband else "0x0")
+    if was_up and not up:
+        _write(pdir / "counters/link_downed", str(_read_int(pdir / "counters/link_downed") + 1))
+    return f"mlx5_{hca} port {port}: {'Active, LinkUp' if up else 'Down, Disabled'}"
+
+
+def add_link_errors(root: Path, hca: int, port: int, symbols: int) -> str:
+    """Errors on a live link: symbol errors (SymbolErrorCounter), one link error recovery and the
+    receive errors they cause (PortRcvErrors)."""
+    if symbols < 1:
+        raise PortFaultError(f"--count {symbols}: at least 1 symbol error")
+    pdir = port_dir(root, hca, port)
+    for name, added in (("symbol_error", symbols), ("link_error_recovery", 1), ("port_rcv_errors", symbols)):
+        _write(pdir / "counters" / name, str(_read_int(pdir / "counters" / name) + added))
+    total = _read_int(pdir / "counters/symbol_error")
+    return f"mlx5_{hca} port {port}: SymbolErrorCounter {total}"
+
+
+def clear_port(root: Path, hca: int, port: int) -> str:
+    """The port as staged: up, every counter back to 0."""
+    pdir = port_dir(root, hca, port)
+    set_link(root, hca, port, True)
+    for sub in ("counters", "hw_counters"):
+        for f in sorted((pdir / sub).iterdir()):
+            if f.read_text().strip() != "0":
+                _write(f, "0")
+    return f"mlx5_{hca} port {port}: cleared (Active, counters 0)"
+
+
+def ports(root: Path) -> list[tuple[int, int]]:
+    """Every (adapter, port) of the node staged under ``root``."""
+    base = root / "sys/class/infiniband"
+    if not base.is_dir():
+        return []
+    out = []
+    for dev in sorted(base.iterdir(), key=lambda p: int(p.name.rpartition("_")[2])):
+        out += [(int(dev.name.rpartition("_")[2]), int(p.name)) for p in sorted((dev / "ports").iterdir())]
+    return out
+
+
+def clear_all(root: Path) -> list[str]:
+    """Every port of the node as staged (up, counters 0) where it is not; what was cleared."""
+    done = []
+    for hca, port in ports(root):
+        pdir = port_dir(root, hca, port)
+        pristine = pdir.joinpath("state").read_text().strip() == state_text(True) and all(
+            f.read_text().strip() == "0" for sub in ("counters", "hw_counters") for f in (pdir / sub).iterdir()
+        )
+        if not pristine:
+            done.append(clear_port(root, hca, port))
+    return done
+
+
+def apply(root: Path, hca: int, port: int, fault: Any) -> str:
+    """A scenario's InfiniBand fault (:mod:`gpumodel.faultspec`: ib-port-down, ib-link-errors, ib-clear)."""
+    if fault.kind == "ib-port-down":
+        return set_link(root, hca, port, up=False)
+    if fault.kind == "ib-link-errors":
+        return add_link_errors(root, hca, port, fault.count)
+    if fault.kind == "ib-clear":
+        return clear_port(root, hca, port)
+    raise ValueError(f"not an InfiniBand fault: {fault.kind}")
