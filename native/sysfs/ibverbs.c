@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "adapter.h"
 #include "ibverbs_abi.h"
 #include "shim.h"
 
@@ -77,53 +78,17 @@ static struct context *ours(void *ctx) {
     return c;
 }
 
-static int read_attr(const char *name, const char *rel, char *buf, size_t size) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "/sys/class/infiniband/%s/%s", name, rel);
-    return shim_read(path, buf, size);
-}
-
-static uint64_t read_num(const char *name, const char *rel) {
-    char buf[128];
-    return read_attr(name, rel, buf, sizeof buf) < 0 ? 0 : strtoull(buf, NULL, 0);
-}
-
-static uint64_t port_num(const char *name, int port, const char *file) {
-    char rel[128];
-    snprintf(rel, sizeof rel, "ports/%d/%s", port, file);
-    return read_num(name, rel);
-}
-
-/* "a088:c203:0012:3456" (sysfs) as the network-order value the verbs carry. */
+/* A GUID file as the network-order value the verbs carry. */
 static uint64_t guid_be(const char *name, const char *rel) {
-    char buf[128];
-    uint64_t v = 0;
-    if (read_attr(name, rel, buf, sizeof buf) < 0)
-        return 0;
-    for (const char *s = buf; *s; s++) {
-        int d = (*s >= '0' && *s <= '9') ? *s - '0' : ((*s | 0x20) >= 'a' && (*s | 0x20) <= 'f') ? (*s | 0x20) - 'a' + 10 : -1;
-        if (d >= 0)
-            v = v << 4 | (uint64_t)d;
-    }
+    uint64_t v = adapter_guid(name, rel);
     return ((uint64_t)htonl((uint32_t)v) << 32) | htonl((uint32_t)(v >> 32));
-}
-
-static int ports_of(const char *name) {
-    int n = 0;
-    char rel[64], buf[64];
-    for (int i = 1; i <= 8; i++) {
-        snprintf(rel, sizeof rel, "ports/%d/state", i);
-        if (read_attr(name, rel, buf, sizeof buf) >= 0)
-            n = i;
-    }
-    return n;
 }
 
 HOOK struct mokka_ibv_context *ibv_open_device(void *device) {
     const char *(*name_of)(void *) = (const char *(*)(void *))dlsym(RTLD_NEXT, "ibv_get_device_name");
     const char *name = name_of != NULL && device != NULL ? name_of(device) : NULL;
     char buf[64];
-    if (name == NULL || !shim_enabled() || read_attr(name, "node_guid", buf, sizeof buf) < 0)
+    if (name == NULL || !shim_enabled() || adapter_text(name, "node_guid", buf, sizeof buf) < 0)
         return CALL(ibv_open_device, NULL, device);
     struct context *c = calloc(1, sizeof *c);
     if (c == NULL) {
@@ -161,36 +126,22 @@ HOOK int ibv_query_device(struct mokka_ibv_context *ctx, struct mokka_ibv_device
     if (c == NULL)
         return CALL(ibv_query_device, -1, ctx, attr);
     *attr = MLX5_LIMITS;
-    read_attr(c->name, "fw_ver", attr->fw_ver, sizeof attr->fw_ver);
+    adapter_text(c->name, "fw_ver", attr->fw_ver, sizeof attr->fw_ver);
     attr->node_guid = guid_be(c->name, "node_guid");
     attr->sys_image_guid = guid_be(c->name, "sys_image_guid");
-    attr->vendor_part_id = (uint32_t)read_num(c->name, "device/device");
-    attr->hw_ver = (uint32_t)read_num(c->name, "hw_rev");
-    attr->phys_port_cnt = (uint8_t)ports_of(c->name);
+    attr->vendor_part_id = (uint32_t)adapter_num(c->name, "device/device");
+    attr->hw_ver = (uint32_t)adapter_num(c->name, "hw_rev");
+    attr->phys_port_cnt = (uint8_t)adapter_ports(c->name);
     return 0;
 }
 
-/* The rate string "400 Gb/sec (4X NDR)" as the verbs' width and speed codes. */
-static void rate_codes(const char *name, int port, uint8_t *width, uint8_t *speed) {
-    char rel[64], buf[128];
-    snprintf(rel, sizeof rel, "ports/%d/rate", port);
-    *width = 0, *speed = 0;
-    if (read_attr(name, rel, buf, sizeof buf) < 0 || strchr(buf, '(') == NULL)
-        return;
-    const char *w = strchr(buf, '(') + 1;
-    static const struct { const char *text; uint8_t code; } widths[] = {
-        {"1X", 1}, {"2X", 16}, {"4X", 2}, {"8X", 4}, {"12X", 8},
+/* IBV_SPEED_*, per lane speed; XDR (200 Gb/s a lane) has no code in rdma-core 44's 8-bit field. */
+static uint8_t verbs_speed(enum ib_speed s) {
+    static const uint8_t codes[] = {
+        [SPEED_SDR] = 1, [SPEED_DDR] = 2, [SPEED_QDR] = 4, [SPEED_FDR10] = 8,
+        [SPEED_FDR] = 16, [SPEED_EDR] = 32, [SPEED_HDR] = 64, [SPEED_NDR] = 128,
     };
-    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
-        if (strncmp(w, widths[i].text, strlen(widths[i].text)) == 0 && w[strlen(widths[i].text)] == ' ')
-            *width = widths[i].code;
-    /* IBV_SPEED_*; XDR (200 Gb/s a lane) has no code in rdma-core 44's 8-bit field. */
-    static const struct { const char *text; uint8_t code; } speeds[] = {
-        {" SDR)", 1}, {" DDR)", 2}, {" QDR)", 4}, {" FDR10)", 8}, {" FDR)", 16}, {" EDR)", 32}, {" HDR)", 64}, {" NDR)", 128},
-    };
-    for (size_t i = 0; i < sizeof speeds / sizeof speeds[0]; i++)
-        if (strstr(w, speeds[i].text) != NULL)
-            *speed = speeds[i].code;
+    return (size_t)s < sizeof codes ? codes[s] : 0;
 }
 
 HOOK int ibv_query_port(struct mokka_ibv_context *ctx, uint8_t port, struct mokka_ibv_port_attr *attr) {
@@ -199,32 +150,34 @@ HOOK int ibv_query_port(struct mokka_ibv_context *ctx, uint8_t port, struct mokk
         return CALL(ibv_query_port, -1, ctx, port, attr);
     char rel[64], buf[64];
     snprintf(rel, sizeof rel, "ports/%d/state", port);
-    if (read_attr(c->name, rel, buf, sizeof buf) < 0)
+    if (adapter_text(c->name, rel, buf, sizeof buf) < 0)
         return EINVAL;
     memset(attr, 0, sizeof *attr);
-    attr->state = (uint32_t)port_num(c->name, port, "state");
+    attr->state = (uint32_t)adapter_port_num(c->name, port, "state");
     attr->max_mtu = 5; /* IBV_MTU_4096 */
     attr->active_mtu = attr->state == 4 ? 5 : 1;
     attr->gid_tbl_len = 0;
     for (int i = 0; i < 256; i++) {
         snprintf(rel, sizeof rel, "ports/%d/gids/%d", port, i);
-        if (read_attr(c->name, rel, buf, sizeof buf) < 0)
+        if (adapter_text(c->name, rel, buf, sizeof buf) < 0)
             break;
         attr->gid_tbl_len = i + 1;
     }
-    attr->port_cap_flags = (uint32_t)port_num(c->name, port, "cap_mask");
+    attr->port_cap_flags = (uint32_t)adapter_port_num(c->name, port, "cap_mask");
     attr->max_msg_sz = 0x40000000;
     attr->pkey_tbl_len = 128;
-    attr->lid = (uint16_t)port_num(c->name, port, "lid");
-    attr->sm_lid = (uint16_t)port_num(c->name, port, "sm_lid");
-    attr->lmc = (uint8_t)port_num(c->name, port, "lid_mask_count");
+    attr->lid = (uint16_t)adapter_port_num(c->name, port, "lid");
+    attr->sm_lid = (uint16_t)adapter_port_num(c->name, port, "sm_lid");
+    attr->lmc = (uint8_t)adapter_port_num(c->name, port, "lid_mask_count");
     attr->max_vl_num = 3; /* VL0-3 */
-    attr->sm_sl = (uint8_t)port_num(c->name, port, "sm_sl");
+    attr->sm_sl = (uint8_t)adapter_port_num(c->name, port, "sm_sl");
     attr->subnet_timeout = 18;
-    rate_codes(c->name, port, &attr->active_width, &attr->active_speed);
-    attr->phys_state = (uint8_t)port_num(c->name, port, "phys_state");
+    struct ib_rate rate = adapter_rate(c->name, port);
+    attr->active_width = (uint8_t)rate.width;
+    attr->active_speed = verbs_speed(rate.speed);
+    attr->phys_state = (uint8_t)adapter_port_num(c->name, port, "phys_state");
     snprintf(rel, sizeof rel, "ports/%d/link_layer", port);
-    attr->link_layer = read_attr(c->name, rel, buf, sizeof buf) >= 0 && strcmp(buf, "Ethernet") == 0 ? 2 : 1;
+    attr->link_layer = adapter_text(c->name, rel, buf, sizeof buf) >= 0 && strcmp(buf, "Ethernet") == 0 ? 2 : 1;
     return 0;
 }
 
@@ -234,7 +187,7 @@ HOOK int ibv_query_gid(struct mokka_ibv_context *ctx, uint8_t port, int index, u
         return CALL(ibv_query_gid, -1, ctx, port, index, gid);
     char rel[64], buf[128];
     snprintf(rel, sizeof rel, "ports/%d/gids/%d", port, index);
-    if (read_attr(c->name, rel, buf, sizeof buf) < 0) {
+    if (adapter_text(c->name, rel, buf, sizeof buf) < 0) {
         errno = EINVAL;
         return -1;
     }
@@ -264,7 +217,7 @@ HOOK int ibv_query_pkey(struct mokka_ibv_context *ctx, uint8_t port, int index, 
         return CALL(ibv_query_pkey, -1, ctx, port, index, pkey);
     char rel[64];
     snprintf(rel, sizeof rel, "ports/%d/pkeys/%d", port, index);
-    *pkey = htons((uint16_t)read_num(c->name, rel));
+    *pkey = htons((uint16_t)adapter_num(c->name, rel));
     return 0;
 }
 

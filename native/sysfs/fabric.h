@@ -1,0 +1,54 @@
+/*
+ * The InfiniBand subnet around the node's adapters, as host setup (or the local cluster) writes
+ * it beside the staged tree (gpumodel/fabric.py renders it): nodes (adapters and switches), their
+ * ports' GUIDs and LIDs, and the links between ports.
+ */
+#ifndef MOKKA_FABRIC_H
+#define MOKKA_FABRIC_H
+
+#include <stdint.h>
+
+struct fnode {
+    uint64_t guid;
+    int sw; /* a switch, else a channel adapter */
+    int ports;
+    unsigned device_id;
+    char desc[65];
+};
+
+struct fport {
+    uint64_t node, guid;
+    int number; /* a switch: 0 alone, its management port */
+    unsigned lid;
+};
+
+struct flink {
+    uint64_t node[2];
+    int port[2];
+    int up;
+    char rate[24]; /* "(4X NDR)" */
+};
+
+struct fabric {
+    struct fnode *nodes;
+    struct fport *ports;
+    struct flink *links;
+    int nnodes, nports, nlinks;
+};
+
+/* The fabric file, parsed (empty when there is none); the node's own adapters' links as their
+ * staged ports say now (a fault written there shows at once). */
+void fabric_load(struct fabric *f);
+void fabric_free(struct fabric *f);
+
+const struct fnode *fabric_node(const struct fabric *f, uint64_t guid);
+
+/* The link at (node, port), and which of its ends that is. */
+const struct flink *fabric_link(const struct fabric *f, uint64_t node, int port, int *end);
+
+const struct fport *fabric_port(const struct fabric *f, uint64_t node, int number);
+
+/* The port that holds `lid`. */
+const struct fport *fabric_lid(const struct fabric *f, unsigned lid);
+
+#endif
