@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
 
 __all__ = ["Metrics"]
 
@@ -42,6 +42,7 @@ class Metrics:
             registry=r,
         )
         self.leader = Gauge("mokka_fleet_leader", "1 while this replica reconciles (holds the Lease).", registry=r)
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes (`mokka bench fleet`)
 
     def pool(self, name: str, status: dict[str, Any], unhealthy: int) -> None:
         self.nodes.labels(name).set(status.get("replicas", 0))

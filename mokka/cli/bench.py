@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import click
@@ -200,7 +201,28 @@ def bench_fault(profile_name: str, gpus: int | None, cli_rounds: int, rounds: in
     help="A Prometheus Service in --namespace scraping the controller (the chart's integrations.prometheus: "
     "<release>-mokka-prometheus): the run's figures are read back from it too.",
 )
+@click.option(
+    "--hold",
+    "hold_steps",
+    default=None,
+    metavar="N,N,...",
+    help="Grow the pool through these node counts instead of --nodes (e.g. 10000,15000,20000): at each, once "
+    "Ready and --settle seconds later, the CPU and RSS of the API server, the controller and KWOK over --window "
+    "seconds (and once at 0 nodes); their slopes per 1000 nodes and the projection to 100,000.",
+)
+@click.option(
+    "--settle", type=click.FloatRange(0), default=30, show_default=True, help="--hold: seconds before sampling."
+)
+@click.option(
+    "--window",
+    type=click.FloatRange(1),
+    default=60,
+    show_default=True,
+    help="--hold: seconds sampled (the controller resyncs every 60).",
+)
+@click.pass_context
 def bench_fleet(
+    ctx: click.Context,
     nodes: int,
     profile_name: str,
     pool: str,
@@ -209,20 +231,46 @@ def bench_fleet(
     keep: bool,
     timeout: int,
     prometheus: str | None,
+    hold_steps: str | None,
+    settle: float,
+    window: float,
 ) -> None:
     """The chart's fleet on the cluster it runs on (helm install ... --set fleet.enabled=true): a pool
     of NODES virtual nodes applied, followed through one watch until every node exists (the creation
     rate) and is Ready, then deleted until every node is gone; the controller's reconcile and
-    template figures from its /metrics. Targets: >= 500 nodes/s; 10,000 nodes Ready <= 120 s."""
+    template figures from its /metrics. Targets: >= 500 nodes/s; 10,000 nodes Ready <= 120 s.
+    With --hold, the pool grown in steps and the components' CPU and RSS held at each."""
     from bench import fleet as fleet_bench
     from gpumodel import profile
     from k8snode.dra import cluster
 
     if profile_name not in profile.builtin_names():
         fail(f"--profile {profile_name}: not a built-in profile ({', '.join(profile.builtin_names())})")
+    steps: list[int] = []
+    if hold_steps is not None:
+        if ctx.get_parameter_source("nodes") != click.core.ParameterSource.DEFAULT:
+            fail("--hold sets the pool's sizes: leave out --nodes")
+        if prometheus:
+            fail("--hold reads the components' own metrics: leave out --prometheus")
+        try:
+            steps = [int(n) for n in hold_steps.split(",")]
+        except ValueError:
+            fail(f"--hold {hold_steps}: give node counts separated by commas, e.g. 10000,15000,20000")
+        if not steps or steps != sorted(set(steps)) or not 1 <= steps[0] <= steps[-1] <= 100_000:
+            fail(f"--hold {hold_steps}: give ascending node counts from 1 to 100000")
+    result: fleet_bench.Result | fleet_bench.Hold
+
+    def progress(message: str) -> None:
+        click.echo(f"{time.strftime('%H:%M:%S')} {message}", err=True)
+
     try:
         api = cluster.load_client(str(kubeconfig) if kubeconfig else None)
-        result = fleet_bench.run(api, nodes, profile_name, pool, namespace, keep, timeout, prometheus)
+        if steps:
+            result = fleet_bench.hold(
+                api, steps, profile_name, pool, namespace, keep, timeout, settle, window, progress
+            )
+        else:
+            result = fleet_bench.run(api, nodes, profile_name, pool, namespace, keep, timeout, prometheus)
     except (cluster.ClusterError, fleet_bench.BenchError) as exc:
         fail(str(exc))
     width = max(len(r[0]) for r in result.rows())

@@ -1,0 +1,95 @@
+"""`mokka bench fleet --hold`'s parts that need no cluster: the process figures read from a
+``/metrics`` text, the least-squares fit, the rows (slopes per 1000 nodes, the projection to
+100,000), and the option's checks."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from bench import fleet
+from mokka.cli import main
+
+METRICS = """\
+# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.
+# TYPE process_cpu_seconds_total counter
+process_cpu_seconds_total 1234.5
+# HELP process_resident_memory_bytes Resident memory size in bytes.
+# TYPE process_resident_memory_bytes gauge
+process_resident_memory_bytes 5.24288e+08
+process_resident_memory_bytes_max 1
+apiserver_request_total{code="200",verb="GET"} 7
+"""
+
+
+def test_process_figures_are_read_from_a_metrics_text() -> None:
+    assert fleet.process_figures(METRICS) == (1234.5, 524288000.0)
+    labelled = 'process_cpu_seconds_total{pod="x"} 2\nprocess_resident_memory_bytes{pod="x"} 3e3\n'
+    assert fleet.process_figures(labelled) == (2.0, 3000.0)
+
+
+def test_metrics_without_process_figures_give_none() -> None:
+    assert fleet.process_figures("process_cpu_seconds_total 1\n") is None
+    assert fleet.process_figures("# nothing\nprocess_cpu_seconds_totalx 1\n") is None
+
+
+def test_fit_is_least_squares() -> None:
+    assert fleet.fit([0, 1, 2], [1, 3, 5]) == pytest.approx((2.0, 1.0))
+    slope, intercept = fleet.fit([0, 10, 20], [100, 120, 130])  # not on a line
+    assert slope == pytest.approx(1.5) and intercept == pytest.approx(101.6666667)
+    assert fleet.fit([5], [7]) == (0.0, 7.0)
+    with pytest.raises(ValueError):
+        fleet.fit([], [])
+
+
+def held(cores: float, mib: float) -> dict[str, fleet.Sample]:
+    """The API server's figures, and a tenth of them for the controller (KWOK not sampled)."""
+    return {
+        "API server": fleet.Sample(cores, mib * 2**20),
+        "fleet controller": fleet.Sample(cores / 10, mib / 10 * 2**20),
+    }
+
+
+def test_rows_give_every_step_the_slopes_and_the_projection() -> None:
+    steps = [
+        fleet.Step(0, samples=held(0.10, 400)),
+        fleet.Step(10_000, made_s=50.0, ready_s=80.0, samples=held(0.30, 900)),
+        fleet.Step(20_000, made_s=25.0, ready_s=40.0, samples=held(0.50, 1400)),
+    ]
+    rows = {figure: (value, target) for figure, value, target in fleet.Hold(steps).rows()}
+    assert rows["10000 nodes: 10000 made"] == ("50.0 s", "")
+    assert rows["10000 nodes: node creation"] == ("200 nodes/s", ">= 500 nodes/s MISSED")
+    assert rows["10000 nodes: 10000 Ready"] == ("80.0 s", "<= 120 s")  # from the pool's creation
+    assert rows["20000 nodes: node creation"] == ("400 nodes/s", ">= 500 nodes/s MISSED")
+    assert rows["20000 nodes: 10000 Ready"] == ("40.0 s", "")  # a scale: no target
+    assert rows["0 nodes held: API server"] == ("0.100 cores 400 MiB", "")
+    assert rows["20000 nodes held: fleet controller"] == ("0.050 cores 140 MiB", "")
+    assert "0 nodes held: KWOK" not in rows  # not sampled: left out
+    assert rows["per 1000 nodes: API server"] == ("+0.0200 cores +50.0 MiB", "")
+    assert rows["projected at 100000 nodes: API server"] == ("2.10 cores 5.3 GiB", "")  # 400 + 100 * 50 MiB
+    assert rows["per 1000 nodes: fleet controller"] == ("+0.0020 cores +5.0 MiB", "")
+    assert "per 1000 nodes: KWOK" not in rows
+
+
+def test_a_component_sampled_once_gets_no_slope() -> None:
+    steps = [fleet.Step(0), fleet.Step(500, made_s=1.0, ready_s=2.0, samples=held(0.2, 300))]
+    rows = {figure for figure, _, _ in fleet.Hold(steps).rows()}
+    assert "500 nodes: node creation" in rows
+    assert not [r for r in rows if r.startswith(("per 1000", "projected"))]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hold", "10,x"], "--hold 10,x: give node counts separated by commas"),
+        (["--hold", "20,10"], "--hold 20,10: give ascending node counts from 1 to 100000"),
+        (["--hold", "0,10"], "--hold 0,10: give ascending node counts from 1 to 100000"),
+        (["--hold", "10,10"], "--hold 10,10: give ascending node counts from 1 to 100000"),
+        (["--hold", "10", "--nodes", "5"], "--hold sets the pool's sizes: leave out --nodes"),
+        (["--hold", "10", "--prometheus", "p"], "--hold reads the components' own metrics: leave out --prometheus"),
+    ],
+)
+def test_hold_refuses_what_it_cannot_do(args: list[str], message: str) -> None:
+    res = CliRunner().invoke(main, ["bench", "fleet", *args])
+    assert res.exit_code == 1
+    assert message in res.output
