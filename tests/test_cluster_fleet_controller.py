@@ -462,6 +462,27 @@ def test_bench_fleet_prints_every_figure_and_cleans_up(fleet: Cluster) -> None:
     )
 
 
+def test_bench_fleet_hold_samples_every_component_at_every_step(fleet: Cluster) -> None:
+    """`mokka bench fleet --hold`: at 0 nodes and at each step, the API server's, the controller's and
+    KWOK's CPU and RSS from their /metrics (KWOK's through the chart's metrics port); the slopes and
+    the projection; the pool gone after."""
+    import sys
+
+    argv = [sys.executable, "-m", "mokka.cli", "bench", "fleet", "--kubeconfig", str(fleet.kubeconfig)]
+    argv += ["--namespace", NS, "--hold", "20,40", "--settle", "0", "--window", "2", "--pool", "held"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    figures = {line.split("  ")[0]: line for line in res.stdout.splitlines()}
+    for component in ("API server", "fleet controller", "KWOK"):
+        for nodes_held in (0, 20, 40):
+            assert "cores" in figures[f"{nodes_held} nodes held: {component}"], res.stdout
+        assert "MiB" in figures[f"per 1000 nodes: {component}"], res.stdout
+        assert "GiB" in figures[f"projected at 100000 nodes: {component}"], res.stdout
+    assert "nodes/s" in figures["40 nodes: node creation"]
+    assert "40 nodes held: KWOK" in res.stderr  # told as it goes
+    assert not nodes(fleet, f"{POOL_LABEL}=held")
+
+
 def test_of_two_replicas_one_leads_and_the_other_takes_over(fleet: Cluster) -> None:
     fleet.kubectl("scale", "deployment", CONTROLLER, "-n", NS, "--replicas=2")
     try:
