@@ -225,11 +225,10 @@ def load_text(text: str, source: str) -> Scenario:
             what = f"unknown key {unknown[0]!r}" if unknown else f"{len(kinds)} faults"
             raise ScenarioError(f"{source}: steps.{i}: {what}; a step names one fault of: {', '.join(fs.KINDS)}")
         kind = kinds[0]
-        if (kind in fs.IB_KINDS) != (step.hca is not None):
-            what = "names its adapter with hca: N (not gpu)" if kind in fs.IB_KINDS else "names GPUs, not hca"
-            raise ScenarioError(f"{source}: steps.{i}: a {kind} step {what}")
-        if kind in fs.IB_KINDS and "gpu" in raw:
-            raise ScenarioError(f"{source}: steps.{i}: a {kind} step names its adapter with hca: N (not gpu)")
+        if kind in fs.IB_KINDS and (step.hca is None or "gpu" in raw):
+            raise ScenarioError(f"{source}: steps.{i}: {kind} names its adapter with hca: N (not gpu)")
+        if kind not in fs.IB_KINDS and step.hca is not None:
+            raise ScenarioError(f"{source}: steps.{i}: {kind} names GPUs, not hca")
         try:
             fault = fault_from(kind, raw[kind])
         except ValidationError as exc:
@@ -279,15 +278,15 @@ def _scaled(fault: Any, speed: float) -> Any:
     return fault.model_copy(update={"over_s": over / speed}) if over and speed != 1 else fault
 
 
-def _port_of(target: faults.Target, hca: int, port: int, where: str) -> tuple[Path, int]:
-    """The staged node and adapter an InfiniBand step acts on (raises ScenarioError)."""
+def _port_of(target: faults.Target, hca: int, port: int, where: str) -> Path:
+    """The staged node whose adapter an InfiniBand step acts on (raises ScenarioError)."""
     if target.root is None:
         raise ScenarioError(f"{where}: InfiniBand steps act on a staged node's adapters (--root or --node)")
     try:
         ib_ports.port_dir(target.root, hca, port)
     except ib_ports.PortFaultError as exc:
         raise ScenarioError(f"{where}: {exc}") from None
-    return target.root, hca
+    return target.root
 
 
 def check(target: faults.Target, events: Sequence[Event], source: str) -> None:
@@ -338,9 +337,8 @@ def run(
         applied = faults.apply(target, gpu_faults) if gpu_faults else []
         for e in batch:
             for hca in e.hcas:
-                ib_ports.apply(
-                    _port_of(target, hca, e.port, f"{scenario.source}: steps.{e.step}")[0], hca, e.port, e.fault
-                )
+                root = _port_of(target, hca, e.port, f"{scenario.source}: steps.{e.step}")
+                ib_ports.apply(root, hca, e.port, e.fault)
             report(describe(e))
         results += applied
         i += len(batch)

@@ -506,9 +506,9 @@ def test_a_scenario_steps_on_the_adapters(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("steps:\n  - {ib-port-down: true}\n", "s.yaml: steps.0: a ib-port-down step names its adapter with hca: N"),
-        ("steps:\n  - {hca: 0, gpu: 1, ib-clear: true}\n", "s.yaml: steps.0: a ib-clear step names its adapter"),
-        ("steps:\n  - {hca: 0, xid: 79}\n", "s.yaml: steps.0: a xid step names GPUs, not hca"),
+        ("steps:\n  - {ib-port-down: true}\n", "s.yaml: steps.0: ib-port-down names its adapter with hca: N"),
+        ("steps:\n  - {hca: 0, gpu: 1, ib-clear: true}\n", "s.yaml: steps.0: ib-clear names its adapter"),
+        ("steps:\n  - {hca: 0, xid: 79}\n", "s.yaml: steps.0: xid names GPUs, not hca"),
         ("steps:\n  - {hca: 0, ib-link-errors: 0}\n", "s.yaml: steps.0.ib-link-errors.count: Input should be greater"),
         ("steps:\n  - {gpu: 0, xid: 13}\n  - {hca: 6, ib-port-down: true}\n", "s.yaml: steps.1: --hca 6: no adapter"),
     ],
