@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from bench import fleet
+from bench import fleet_hold
 from mokka.cli import main
 
 METRICS = """\
@@ -23,40 +23,40 @@ apiserver_request_total{code="200",verb="GET"} 7
 
 
 def test_process_figures_are_read_from_a_metrics_text() -> None:
-    assert fleet.process_figures(METRICS) == (1234.5, 524288000.0)
+    assert fleet_hold.process_figures(METRICS) == (1234.5, 524288000.0)
     labelled = 'process_cpu_seconds_total{pod="x"} 2\nprocess_resident_memory_bytes{pod="x"} 3e3\n'
-    assert fleet.process_figures(labelled) == (2.0, 3000.0)
+    assert fleet_hold.process_figures(labelled) == (2.0, 3000.0)
 
 
 def test_metrics_without_process_figures_give_none() -> None:
-    assert fleet.process_figures("process_cpu_seconds_total 1\n") is None
-    assert fleet.process_figures("# nothing\nprocess_cpu_seconds_totalx 1\n") is None
+    assert fleet_hold.process_figures("process_cpu_seconds_total 1\n") is None
+    assert fleet_hold.process_figures("# nothing\nprocess_cpu_seconds_totalx 1\n") is None
 
 
 def test_fit_is_least_squares() -> None:
-    assert fleet.fit([0, 1, 2], [1, 3, 5]) == pytest.approx((2.0, 1.0))
-    slope, intercept = fleet.fit([0, 10, 20], [100, 120, 130])  # not on a line
+    assert fleet_hold.fit([0, 1, 2], [1, 3, 5]) == pytest.approx((2.0, 1.0))
+    slope, intercept = fleet_hold.fit([0, 10, 20], [100, 120, 130])  # not on a line
     assert slope == pytest.approx(1.5) and intercept == pytest.approx(101.6666667)
-    assert fleet.fit([5], [7]) == (0.0, 7.0)
+    assert fleet_hold.fit([5], [7]) == (0.0, 7.0)
     with pytest.raises(ValueError):
-        fleet.fit([], [])
+        fleet_hold.fit([], [])
 
 
-def held(cores: float, mib: float) -> dict[str, fleet.Sample]:
+def held(cores: float, mib: float) -> dict[str, fleet_hold.Sample]:
     """The API server's figures, and a tenth of them for the controller (KWOK not sampled)."""
     return {
-        "API server": fleet.Sample(cores, mib * 2**20),
-        "fleet controller": fleet.Sample(cores / 10, mib / 10 * 2**20),
+        "API server": fleet_hold.Sample(cores, mib * 2**20),
+        "fleet controller": fleet_hold.Sample(cores / 10, mib / 10 * 2**20),
     }
 
 
 def test_rows_give_every_step_the_slopes_and_the_projection() -> None:
     steps = [
-        fleet.Step(0, samples=held(0.10, 400)),
-        fleet.Step(10_000, made_s=50.0, ready_s=80.0, samples=held(0.30, 900)),
-        fleet.Step(20_000, made_s=25.0, ready_s=40.0, samples=held(0.50, 1400)),
+        fleet_hold.Step(0, samples=held(0.10, 400)),
+        fleet_hold.Step(10_000, made_s=50.0, ready_s=80.0, samples=held(0.30, 900)),
+        fleet_hold.Step(20_000, made_s=25.0, ready_s=40.0, samples=held(0.50, 1400)),
     ]
-    rows = {figure: (value, target) for figure, value, target in fleet.Hold(steps).rows()}
+    rows = {figure: (value, target) for figure, value, target in fleet_hold.Hold(steps).rows()}
     assert rows["10000 nodes: 10000 made"] == ("50.0 s", "")
     assert rows["10000 nodes: node creation"] == ("200 nodes/s", ">= 500 nodes/s MISSED")
     assert rows["10000 nodes: 10000 Ready"] == ("80.0 s", "<= 120 s")  # from the pool's creation
@@ -72,8 +72,8 @@ def test_rows_give_every_step_the_slopes_and_the_projection() -> None:
 
 
 def test_a_component_sampled_once_gets_no_slope() -> None:
-    steps = [fleet.Step(0), fleet.Step(500, made_s=1.0, ready_s=2.0, samples=held(0.2, 300))]
-    rows = {figure for figure, _, _ in fleet.Hold(steps).rows()}
+    steps = [fleet_hold.Step(0), fleet_hold.Step(500, made_s=1.0, ready_s=2.0, samples=held(0.2, 300))]
+    rows = {figure for figure, _, _ in fleet_hold.Hold(steps).rows()}
     assert "500 nodes: node creation" in rows
     assert not [r for r in rows if r.startswith(("per 1000", "projected"))]
 

@@ -1,4 +1,4 @@
-"""The fleet controller's watches (:func:`virtualfleet.controller.watch_events`) without a cluster: the
+"""The fleet controller's watches (:func:`virtualfleet.watch.watch_events`) without a cluster: the
 events of one watch decoded from the stream however it is cut, from the version asked, with
 bookmarks; an ERROR event raises (410: WatchExpired, so the watch starts over from the current state;
 else ApiException); and ``Controller._watch`` resumes from the last version seen instead of
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from virtualfleet import controller
+from virtualfleet import controller, watch
 
 
 class Response:
@@ -43,7 +43,7 @@ def test_events_are_decoded_from_the_stream_however_it_is_cut() -> None:
         calls.append(kw)
         return resp
 
-    assert list(controller.watch_events(stream, "4")) == events
+    assert list(watch.watch_events(stream, "4")) == events
     assert calls == [
         {
             "_preload_content": False,
@@ -54,17 +54,17 @@ def test_events_are_decoded_from_the_stream_however_it_is_cut() -> None:
         }
     ]
     assert resp.released
-    list(controller.watch_events(stream, None))
+    list(watch.watch_events(stream, None))
     assert "resource_version" not in calls[-1]
 
 
 def test_an_error_event_raises() -> None:
     gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old resource version: 4 (9)"}}
-    with pytest.raises(controller.WatchExpired, match="too old"):
-        list(controller.watch_events(lambda **kw: Response([gone]), "4"))
+    with pytest.raises(watch.WatchExpired, match="too old"):
+        list(watch.watch_events(lambda **kw: Response([gone]), "4"))
     other = {"type": "ERROR", "object": {"kind": "Status", "code": 500, "message": "boom"}}
     with pytest.raises(ApiException, match="boom"):
-        list(controller.watch_events(lambda **kw: Response([other]), "4"))
+        list(watch.watch_events(lambda **kw: Response([other]), "4"))
 
 
 def test_a_watch_resumes_from_the_last_version_seen() -> None:

@@ -25,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,9 @@ from . import faults, template
 from . import pool as pools
 from .crd import GROUP, PLURAL, VERSION
 from .metrics import Metrics
+from .watch import WatchExpired, watch_events
 
-__all__ = ["RESYNC", "Controller", "Settings", "WatchExpired", "watch_events"]
+__all__ = ["RESYNC", "Controller", "Settings"]
 
 RESYNC = 60.0  # seconds between two reconciles of every pool
 COALESCE = 0.5  # seconds the events after a first one are gathered into one pass
@@ -488,40 +489,6 @@ class Controller:
         except Exception as exc:  # one pool's failure (an API error) never stops the others
             log.error("%s", exc)
             return None
-
-
-class WatchExpired(Exception):
-    """The watch's resource version is too old (410): watch again from the current state."""
-
-
-def watch_events(stream: Callable[..., Any], version: str | None, timeout: int = 300) -> Iterator[Json]:
-    """The events (``{"type", "object"}``, decoded JSON) of one watch made by ``stream`` (a list
-    call of the client), from ``version`` (None: the current state, every object ADDED first), with
-    bookmarks; until the server ends it. An ERROR event raises: :class:`WatchExpired` for 410, else
-    an ``ApiException``."""
-    from kubernetes.client.rest import ApiException  # type: ignore[import-untyped, unused-ignore]
-
-    kw: dict[str, Any] = {"watch": True, "timeout_seconds": timeout, "allow_watch_bookmarks": True}
-    if version is not None:
-        kw["resource_version"] = version
-    resp = stream(_preload_content=False, **kw)
-    try:
-        rest = b""
-        for chunk in resp.stream(2**16, decode_content=True):
-            lines = (rest + chunk).split(b"\n")
-            rest = lines.pop()
-            for line in lines:
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
-                    if status.get("code") == 410:
-                        raise WatchExpired(status.get("message", "410"))
-                    raise ApiException(status=status.get("code"), reason=status.get("message"))
-                yield event
-    finally:
-        resp.release_conn()
 
 
 def _digest(pool: pools.Pool, node: str, i: int) -> str:

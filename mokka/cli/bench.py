@@ -241,6 +241,7 @@ def bench_fleet(
     template figures from its /metrics. Targets: >= 500 nodes/s; 10,000 nodes Ready <= 120 s.
     With --hold, the pool grown in steps and the components' CPU and RSS held at each."""
     from bench import fleet as fleet_bench
+    from bench import fleet_hold
     from gpumodel import profile
     from k8snode.dra import cluster
 
@@ -258,7 +259,7 @@ def bench_fleet(
             fail(f"--hold {hold_steps}: give node counts separated by commas, e.g. 10000,15000,20000")
         if not steps or steps != sorted(set(steps)) or not 1 <= steps[0] <= steps[-1] <= 100_000:
             fail(f"--hold {hold_steps}: give ascending node counts from 1 to 100000")
-    result: fleet_bench.Result | fleet_bench.Hold
+    result: fleet_bench.Result | fleet_hold.Hold
 
     def progress(message: str) -> None:
         click.echo(f"{time.strftime('%H:%M:%S')} {message}", err=True)
@@ -266,9 +267,7 @@ def bench_fleet(
     try:
         api = cluster.load_client(str(kubeconfig) if kubeconfig else None)
         if steps:
-            result = fleet_bench.hold(
-                api, steps, profile_name, pool, namespace, keep, timeout, settle, window, progress
-            )
+            result = fleet_hold.hold(api, steps, profile_name, pool, namespace, keep, timeout, settle, window, progress)
         else:
             result = fleet_bench.run(api, nodes, profile_name, pool, namespace, keep, timeout, prometheus)
     except (cluster.ClusterError, fleet_bench.BenchError) as exc:
