@@ -272,6 +272,12 @@ def mig_state_after(cluster: Cluster, node: Any, config: str, timeout: float = 2
 TOO_MANY = "all-1g.10gb-x8"  # eight 1g.10gb instances: an H100 holds seven
 
 
+def manager_log(cluster: Cluster, node: Any) -> str:
+    """The log of the MIG manager on ``node``."""
+    manager = next(p for p in pods(cluster, "app=nvidia-mig-manager") if p["spec"]["nodeName"] == node.name)
+    return str(cluster.kubectl("logs", "-n", NS, manager["metadata"]["name"], "-c", "nvidia-mig-manager").stdout)
+
+
 def with_a_layout_the_board_cannot_hold(cluster: Cluster, tmp: Path) -> None:
     """The MIG manager's configs as a user extends them through the chart (``migManager.config``
     with ``create`` and ``data``): the operator's defaults and one layout no H100 holds."""
@@ -326,8 +332,7 @@ def test_the_mig_manager_reconfigures_a_node_through_the_mock_nvml(cluster: Clus
         assert node.allocatable(mig) == gpus * 7  # still serving the layout it has
 
         assert mig_state_after(cluster, node, TOO_MANY) == "failed"
-        manager = next(p for p in pods(cluster, "app=nvidia-mig-manager") if p["spec"]["nodeName"] == node.name)
-        log = cluster.kubectl("logs", "-n", NS, manager["metadata"]["name"], "-c", "nvidia-mig-manager").stdout
+        log = manager_log(cluster, node)
         # the mock NVML refusing the eighth GPU instance, as the manager reports it
         assert "Error creating GPU instance for '1g.10gb': ERROR_INSUFFICIENT_RESOURCES" in log, log[-2000:]
         wait_for(
@@ -340,7 +345,8 @@ def test_the_mig_manager_reconfigures_a_node_through_the_mock_nvml(cluster: Clus
         )
     finally:
         state = mig_state_after(cluster, node, "all-disabled")
-    assert state == "success"
+    # Seen once in a full CI run (passed alone right after): the manager's own account, if again.
+    assert state == "success", manager_log(cluster, node)[-3000:]
     wait_for("the whole GPUs allocatable again", lambda: allocatable_as_profiled(cluster, node), 180)
     assert node.allocatable(mig) == 0
 
