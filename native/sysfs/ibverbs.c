@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <endian.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -79,10 +80,7 @@ static struct context *ours(void *ctx) {
 }
 
 /* A GUID file as the network-order value the verbs carry. */
-static uint64_t guid_be(const char *name, const char *rel) {
-    uint64_t v = adapter_guid(name, rel);
-    return ((uint64_t)htonl((uint32_t)v) << 32) | htonl((uint32_t)(v >> 32));
-}
+static uint64_t guid_be(const char *name, const char *rel) { return htobe64(adapter_guid(name, rel)); }
 
 HOOK struct mokka_ibv_context *ibv_open_device(void *device) {
     const char *(*name_of)(void *) = (const char *(*)(void *))dlsym(RTLD_NEXT, "ibv_get_device_name");
@@ -191,15 +189,11 @@ HOOK int ibv_query_gid(struct mokka_ibv_context *ctx, uint8_t port, int index, u
         errno = EINVAL;
         return -1;
     }
-    memset(gid, 0, sizeof *gid);
-    int n = 0;
-    for (const char *s = buf; *s && n < 32; s++) {
-        int d = (*s >= '0' && *s <= '9') ? *s - '0' : ((*s | 0x20) >= 'a' && (*s | 0x20) <= 'f') ? (*s | 0x20) - 'a' + 10 : -1;
-        if (d < 0)
-            continue;
-        gid->raw[n / 2] = (uint8_t)(gid->raw[n / 2] << 4 | d);
-        n++;
-    }
+    /* "fe80:0000:0000:0000:a088:c203:0012:3456": the subnet prefix, then the interface id. */
+    char prefix[20];
+    snprintf(prefix, sizeof prefix, "%.19s", buf);
+    uint64_t halves[2] = {htobe64(guid_parse(prefix)), htobe64(strlen(buf) > 20 ? guid_parse(buf + 20) : 0)};
+    memcpy(gid->raw, halves, sizeof halves);
     return 0;
 }
 

@@ -96,7 +96,7 @@ struct port_facts {
     unsigned lid, sm_lid, lmc, sm_sl;
     uint32_t cap_mask;
     int local_port; /* the port the SMP arrived on (LocalPortNum) */
-    int up, cabled;
+    int up;
     unsigned state, phys;
     struct ib_rate rate;
     int guid_cap;
@@ -159,7 +159,6 @@ static struct port_facts own_port(const char *ca, int port) {
         .cap_mask = (uint32_t)adapter_port_num(ca, port, "cap_mask"),
         .local_port = port,
         .up = state == 4,
-        .cabled = 1,
         .state = state,
         .phys = (unsigned)adapter_port_num(ca, port, "phys_state"),
         .rate = adapter_rate(ca, port),
@@ -198,7 +197,6 @@ static struct port_facts fabric_port_facts(const struct fabric *f, const struct 
         .cap_mask = x->sw ? (management ? SWITCH_CAP_MASK : 0) : cap,
         .local_port = ingress,
         .up = up,
-        .cabled = l != NULL,
         .state = up ? 4 : 1,
         .phys = up ? 5 : (l != NULL ? 3 : 2), /* Disabled when cabled, else Polling */
         .rate = l != NULL ? rate_parse(l->rate) : (struct ib_rate){2, SPEED_UNKNOWN},
@@ -277,10 +275,11 @@ static void port_counters_ext(const char *ca, int port, uint8_t *d) {
 
 /* ---- routing and the answer ------------------------------------------------------------- */
 
-/* The node a subnet-management MAD reaches (0: none) and the port it arrives on. */
-static uint64_t reached(const struct fabric *f, const char *ca, int port, const uint8_t *mad, uint16_t dlid,
-                        int *ingress) {
-    uint64_t self = adapter_guid(ca, "node_guid"), node = self;
+/* The node a subnet-management MAD sent from node `self` reaches (0: none) and the port it
+ * arrives on. */
+static uint64_t reached(const struct fabric *f, const char *ca, int port, uint64_t self, const uint8_t *mad,
+                        uint16_t dlid, int *ingress) {
+    uint64_t node = self;
     int up = adapter_port_up(ca, port);
     *ingress = port;
     if (mad[1] == CLASS_SMI_DIRECT) {
@@ -317,8 +316,8 @@ static int smp(const char *ca, int port, const uint8_t *mad, uint16_t dlid, uint
     struct fabric f;
     fabric_load(&f);
     int ingress, status = 0;
-    uint64_t node = reached(&f, ca, port, mad, dlid, &ingress);
     uint64_t self = adapter_guid(ca, "node_guid");
+    uint64_t node = reached(&f, ca, port, self, mad, dlid, &ingress);
     const struct fnode *x = node != 0 && node != self ? fabric_node(&f, node) : NULL;
     if (node == 0 || (node != self && x == NULL)) {
         fabric_free(&f);
