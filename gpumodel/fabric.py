@@ -16,7 +16,7 @@ sysfs shim's MAD responder reads (native/sysfs/umad.c). Host setup writes a node
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .infiniband import OUI, adapters
@@ -70,10 +70,9 @@ def _switch_lid(index: int) -> int:
     return 0xBFFF - index
 
 
-def subnet(members: Sequence[tuple[str, Profile]], down: Mapping[tuple[str, int, int], bool] | None = None) -> Subnet:
-    """The fabric of ``members`` (host name, the node's profile as staged), in order; ``down``
-    names the adapter ports (host, adapter index, port) whose link is down."""
-    down = down or {}
+def subnet(members: Sequence[tuple[str, Profile]]) -> Subnet:
+    """The fabric of ``members`` (host name, the node's profile as staged), in order, every link
+    up (the ports' state is the tree's: ``hostsetup.infiniband.sync_fabric``)."""
     if len(members) > NODES_PER_RAIL:
         raise FabricError(f"{len(members)} nodes: a rail's leaf switch holds {NODES_PER_RAIL}")
     nodes: list[Node] = []
@@ -96,8 +95,7 @@ def subnet(members: Sequence[tuple[str, Profile]], down: Mapping[tuple[str, int,
             rate = f"{hca.spec.width} {hca.spec.speed}"
             rails.setdefault(hca.index, rate)
             leaf = switch_guid(f"leaf{hca.index}")
-            up = not down.get((host, hca.index, 1), False)
-            links.append(Link((hca.node_guid, 1), (leaf, n + 1), up, rate))
+            links.append(Link((hca.node_guid, 1), (leaf, n + 1), True, rate))
     spine = switch_guid("spine")
     switches = [Node(spine, "SW", SWITCH_PORTS, SWITCH_DEVICE_ID, f"{SWITCH_DESC} spine", ((0, spine, SM_LID),))]
     for r, rate in sorted(rails.items()):

@@ -22,9 +22,11 @@ __all__ = [
     "clear_port",
     "phys_state_text",
     "port_dir",
+    "port_up",
     "ports",
     "set_link",
     "state_text",
+    "write_value",
 ]
 
 
@@ -59,8 +61,14 @@ def _read_int(path: Path) -> int:
     return int(path.read_text().strip() or "0")
 
 
-def _write(path: Path, value: str) -> None:
+def write_value(path: Path, value: str) -> None:
+    """A sysfs-style file (``value`` and a newline), written atomically."""
     atomic.write(path, (value + "\n").encode(), 0o644)
+
+
+def port_up(pdir: Path) -> bool:
+    """The port (its ``ports/<n>`` directory) is Active."""
+    return pdir.joinpath("state").read_text().strip() == state_text(True)
 
 
 def _port_guid(pdir: Path) -> int:
@@ -70,14 +78,14 @@ def _port_guid(pdir: Path) -> int:
 def set_link(root: Path, hca: int, port: int, up: bool) -> str:
     """Take the port's link down (Down, Disabled, no LID, LinkDownedCounter + 1) or bring it up."""
     pdir = port_dir(root, hca, port)
-    was_up = pdir.joinpath("state").read_text().strip() == state_text(True)
+    was_up = port_up(pdir)
     infiniband = pdir.joinpath("link_layer").read_text().strip() == "InfiniBand"
-    _write(pdir / "state", state_text(up))
-    _write(pdir / "phys_state", phys_state_text(up))
-    _write(pdir / "lid", f"0x{lid_of(_port_guid(pdir)):x}" if up and infiniband else "0x0")
-    _write(pdir / "sm_lid", "0x1" if up and infiniband else "0x0")
+    write_value(pdir / "state", state_text(up))
+    write_value(pdir / "phys_state", phys_state_text(up))
+    write_value(pdir / "lid", f"0x{lid_of(_port_guid(pdir)):x}" if up and infiniband else "0x0")
+    write_value(pdir / "sm_lid", "0x1" if up and infiniband else "0x0")
     if was_up and not up:
-        _write(pdir / "counters/link_downed", str(_read_int(pdir / "counters/link_downed") + 1))
+        write_value(pdir / "counters/link_downed", str(_read_int(pdir / "counters/link_downed") + 1))
     return f"mlx5_{hca} port {port}: {'Active, LinkUp' if up else 'Down, Disabled'}"
 
 
@@ -88,7 +96,7 @@ def add_link_errors(root: Path, hca: int, port: int, symbols: int) -> str:
         raise PortFaultError(f"--count {symbols}: at least 1 symbol error")
     pdir = port_dir(root, hca, port)
     for name, added in (("symbol_error", symbols), ("link_error_recovery", 1), ("port_rcv_errors", symbols)):
-        _write(pdir / "counters" / name, str(_read_int(pdir / "counters" / name) + added))
+        write_value(pdir / "counters" / name, str(_read_int(pdir / "counters" / name) + added))
     total = _read_int(pdir / "counters/symbol_error")
     return f"mlx5_{hca} port {port}: SymbolErrorCounter {total}"
 
@@ -100,7 +108,7 @@ def clear_port(root: Path, hca: int, port: int) -> str:
     for sub in ("counters", "hw_counters"):
         for f in sorted((pdir / sub).iterdir()):
             if f.read_text().strip() != "0":
-                _write(f, "0")
+                write_value(f, "0")
     return f"mlx5_{hca} port {port}: cleared (Active, counters 0)"
 
 
@@ -120,7 +128,7 @@ def clear_all(root: Path) -> list[str]:
     done = []
     for hca, port in ports(root):
         pdir = port_dir(root, hca, port)
-        pristine = pdir.joinpath("state").read_text().strip() == state_text(True) and all(
+        pristine = port_up(pdir) and all(
             f.read_text().strip() == "0" for sub in ("counters", "hw_counters") for f in (pdir / sub).iterdir()
         )
         if not pristine:

@@ -27,8 +27,8 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpumodel import atomic, fabric, pcie
-from gpumodel.ib_ports import phys_state_text, ports, state_text
+from gpumodel import fabric, pcie
+from gpumodel.ib_ports import phys_state_text, port_up, ports, state_text, write_value
 from gpumodel.infiniband import Hca, Port, adapters, gid0
 from gpumodel.profile import MELLANOX_VENDOR, Profile, format_guid
 
@@ -270,10 +270,6 @@ def device_nodes(profile: Profile) -> list[tuple[str, int, int]]:
 # ---- the subnet around the nodes ---------------------------------------------------------
 
 
-def _write(path: Path, value: str) -> None:
-    atomic.write(path, (value + "\n").encode(), 0o644)
-
-
 def write_fabric(nodes: Sequence[tuple[str, Profile, Path]]) -> None:
     """The subnet of every node of a cluster (host name, profile as staged, staged root), written
     into each node's tree, with each adapter's node description ``<host> mlx5_N`` as rdma-ndd sets
@@ -282,11 +278,11 @@ def write_fabric(nodes: Sequence[tuple[str, Profile, Path]]) -> None:
         for hca in adapters(prof):
             desc = root / "sys/class/infiniband" / hca.name / "node_desc"
             if desc.exists():
-                _write(desc, f"{host} {hca.name}")
+                write_value(desc, f"{host} {hca.name}")
     text = fabric.render(fabric.subnet([(host, prof) for host, prof, _ in nodes]))
     for _, _, root in nodes:
         if (root / FABRIC).parent.is_dir():
-            _write(root / FABRIC, text.rstrip("\n"))
+            write_value(root / FABRIC, text.rstrip("\n"))
     sync_fabric([root for _, _, root in nodes])
 
 
@@ -298,8 +294,7 @@ def sync_fabric(roots: Sequence[Path]) -> None:
         for hca, port in ports(root):
             dev = root / "sys/class/infiniband" / f"mlx5_{hca}"
             guid = dev.joinpath("node_guid").read_text().strip().replace(":", "")
-            up = (dev / "ports" / str(port) / "state").read_text().strip() == state_text(True)
-            states[(guid, str(port))] = up
+            states[(guid, str(port))] = port_up(dev / "ports" / str(port))
     for root in roots:
         path = root / FABRIC
         if not path.exists():
@@ -314,4 +309,4 @@ def sync_fabric(roots: Sequence[Path]) -> None:
             if known:
                 words[5] = str(int(all(known)))
                 lines[i] = " ".join(words)
-        _write(path, "\n".join(lines))
+        write_value(path, "\n".join(lines))

@@ -31,13 +31,7 @@ FABRICS = {"a100": 8, "b200": 8, "gb200": 4, "gb300": 4, "h100": 8, "h200": 8}
 
 def mokka(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "mokka.cli", *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=_env())
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def tool(name: str) -> str:

@@ -1,8 +1,8 @@
 """`mokka fault ib-port-down | ib-link-errors | ib-clear`: InfiniBand port faults on a staged node.
 
-The adapters' ports live in the node's sysfs tree (gpumodel/ib_ports.py changes them), which containers see
-through the sysfs shim; these commands change the port's files in place, so the next `ibstat`,
-`ibstatus` or counter read anywhere on the node shows the fault.
+The adapters' ports live in the node's sysfs tree (gpumodel/ib_ports.py changes them), which
+containers see through the sysfs shim; these commands change the port's files in place, so the
+next `ibstat`, `ibstatus` or counter read anywhere on the node shows the fault.
 """
 
 from __future__ import annotations
@@ -61,10 +61,10 @@ def _run(change: Callable[[], str], node: str | None = None, cluster_dir: Path |
 def ib_port_down(hca: int, port: int, root: Path | None, node: str | None, cluster_dir: Path) -> None:
     """Take an InfiniBand port's link down: state Down, physical state Disabled, no LID, and
     LinkDownedCounter up by one (ibstat, ibstatus, perfquery's counters)."""
-    from gpumodel import ib_ports as infiniband
+    from gpumodel import ib_ports
 
     where = _root(root, node, cluster_dir)
-    _run(lambda: infiniband.set_link(where, hca, port, up=False), node, cluster_dir)
+    _run(lambda: ib_ports.set_link(where, hca, port, up=False), node, cluster_dir)
 
 
 @fault.command("ib-link-errors")
@@ -73,17 +73,17 @@ def ib_port_down(hca: int, port: int, root: Path | None, node: str | None, clust
 def ib_link_errors(hca: int, port: int, root: Path | None, node: str | None, cluster_dir: Path, count: int) -> None:
     """Errors on a live link: COUNT symbol errors (SymbolErrorCounter), the receive errors they
     cause (PortRcvErrors) and one link error recovery; the link stays up."""
-    from gpumodel import ib_ports as infiniband
+    from gpumodel import ib_ports
 
     where = _root(root, node, cluster_dir)
-    _run(lambda: infiniband.add_link_errors(where, hca, port, count), node, cluster_dir)
+    _run(lambda: ib_ports.add_link_errors(where, hca, port, count), node, cluster_dir)
 
 
 @fault.command("ib-clear")
 @_where
 def ib_clear(hca: int, port: int, root: Path | None, node: str | None, cluster_dir: Path) -> None:
     """The port as staged: link up (Active, LinkUp, its LID back) and every counter 0."""
-    from gpumodel import ib_ports as infiniband
+    from gpumodel import ib_ports
 
     where = _root(root, node, cluster_dir)
-    _run(lambda: infiniband.clear_port(where, hca, port), node, cluster_dir)
+    _run(lambda: ib_ports.clear_port(where, hca, port), node, cluster_dir)
