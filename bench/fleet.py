@@ -23,7 +23,20 @@ from typing import Any
 from virtualfleet.crd import GROUP, PLURAL, VERSION
 from virtualfleet.pool import POOL_LABEL
 
-__all__ = ["BenchError", "Follower", "Result", "no_pool", "run", "wait_until"]
+__all__ = [
+    "BenchError",
+    "Follower",
+    "Result",
+    "create_pool",
+    "leader_metrics_path",
+    "metrics_text",
+    "no_pool",
+    "pod_metrics_path",
+    "rate_target",
+    "ready_target",
+    "run",
+    "wait_until",
+]
 
 TARGET_RATE = 500.0  # nodes/s
 TARGET_READY_S = 120.0  # for 10,000 nodes
@@ -33,6 +46,16 @@ LEASE = "mokka-fleet-controller"
 
 class BenchError(Exception):
     """The bench cannot run here; the message says what to do."""
+
+
+def rate_target(rate: float) -> str:
+    """The creation rate's target, MISSED when ``rate`` (nodes/s) falls short."""
+    return f">= {TARGET_RATE:.0f} nodes/s{'' if rate >= TARGET_RATE else ' MISSED'}"
+
+
+def ready_target(seconds: float) -> str:
+    """The Ready time's target (for :data:`TARGET_NODES` nodes), MISSED when ``seconds`` exceeds it."""
+    return f"<= {TARGET_READY_S:.0f} s{'' if seconds <= TARGET_READY_S else ' MISSED'}"
 
 
 @dataclass
@@ -50,18 +73,11 @@ class Result:
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(figure, value, target) lines; a missed target says MISSED."""
-        rate_ok = self.rate >= TARGET_RATE
         rows = [
             (f"{self.nodes} nodes made", f"{self.made_s:.1f} s", ""),
-            (
-                "node creation",
-                f"{self.rate:.0f} nodes/s",
-                f">= {TARGET_RATE:.0f} nodes/s{'' if rate_ok else ' MISSED'}",
-            ),
+            ("node creation", f"{self.rate:.0f} nodes/s", rate_target(self.rate)),
         ]
-        target = ""
-        if self.nodes == TARGET_NODES:
-            target = f"<= {TARGET_READY_S:.0f} s{'' if self.ready_s <= TARGET_READY_S else ' MISSED'}"
+        target = ready_target(self.ready_s) if self.nodes == TARGET_NODES else ""
         rows.append((f"{self.nodes} nodes Ready", f"{self.ready_s:.1f} s", target))
         if self.deleted_s is not None:
             rows.append(("pool deleted -> every node gone", f"{self.deleted_s:.1f} s", ""))
@@ -152,29 +168,45 @@ def wait_until(what: str, check: Any, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def controller_metrics(api: Any, namespace: str) -> dict[str, float]:
-    """The leading controller's reconcile and template figures, from its /metrics."""
+def metrics_text(api: Any, path: str) -> str:
+    """The /metrics text at API path ``path``."""
+    raw = api.call_api(path, "GET", auth_settings=["BearerToken"], _preload_content=False)
+    return str(raw.data.decode())
+
+
+def pod_metrics_path(namespace: str, pod: Any) -> str | None:
+    """The API path of ``pod``'s /metrics through the pod proxy (its container port named ``metrics``)."""
+    port = next((p.container_port for c in pod.spec.containers for p in c.ports or [] if p.name == "metrics"), None)
+    if port is None:
+        return None
+    return f"/api/v1/namespaces/{namespace}/pods/{pod.metadata.name}:{port}/proxy/metrics"
+
+
+def leader_metrics_path(api: Any, namespace: str) -> str | None:
+    """The API path of the /metrics of the controller pod holding the Lease (None: none found)."""
     from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
     from kubernetes.client.rest import ApiException  # type: ignore[import-untyped, unused-ignore]
-    from prometheus_client.parser import text_string_to_metric_families
 
     try:
         lease = client.CoordinationV1Api(api).read_namespaced_lease(LEASE, namespace)
-        pod = lease.spec.holder_identity
-        core = client.CoreV1Api(api)
-        port = next(
-            p.container_port
-            for c in core.read_namespaced_pod(pod, namespace).spec.containers
-            for p in c.ports or []
-            if p.name == "metrics"
-        )
-        text = core.connect_get_namespaced_pod_proxy_with_path(
-            f"{pod}:{port}", namespace, "metrics", _preload_content=False
-        )
-    except (ApiException, StopIteration, AttributeError):
+        pod = client.CoreV1Api(api).read_namespaced_pod(lease.spec.holder_identity, namespace)
+    except (ApiException, AttributeError):
+        return None
+    return pod_metrics_path(namespace, pod)
+
+
+def controller_metrics(api: Any, namespace: str) -> dict[str, float]:
+    """The leading controller's reconcile and template figures, from its /metrics."""
+    from kubernetes.client.rest import ApiException  # type: ignore[import-untyped, unused-ignore]
+    from prometheus_client.parser import text_string_to_metric_families
+
+    path = leader_metrics_path(api, namespace)
+    try:
+        text = metrics_text(api, path) if path else ""
+    except ApiException:
         return {}
     got: dict[str, float] = {}
-    for family in text_string_to_metric_families(text.data.decode()):
+    for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in ("mokka_fleet_reconcile_seconds_count", "mokka_fleet_reconcile_seconds_sum"):
                 got[s.name.removeprefix("mokka_fleet_")] = round(s.value, 3)
@@ -242,6 +274,18 @@ def no_pool(custom: Any, pool: str) -> None:
         raise BenchError(f"a VirtualGPUPool {pool} exists already: delete it or give --pool another name")
 
 
+def create_pool(custom: Any, pool: str, profile: str, nodes: int) -> None:
+    """Apply VirtualGPUPool ``pool`` of ``nodes`` nodes of ``profile`` (BenchError when refused)."""
+    from kubernetes.client.rest import ApiException
+
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VirtualGPUPool", "metadata": {"name": pool}}
+    body["spec"] = {"profile": profile, "replicas": nodes}
+    try:
+        custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
+    except ApiException as exc:
+        raise BenchError(f"VirtualGPUPool {pool}: {exc.reason}: {str(exc.body)[:300]}") from None
+
+
 def run(
     api: Any,
     nodes: int,
@@ -256,20 +300,17 @@ def run(
     (unless ``keep``); ``namespace`` is the chart's release's (the controller's Lease; ``prometheus``,
     a Prometheus Service there to read the run back from)."""
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
 
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     no_pool(custom, pool)
     result = Result(nodes)
     t0 = time.monotonic()
     follower = Follower(core, pool, t0)
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VirtualGPUPool", "metadata": {"name": pool}}
-    body["spec"] = {"profile": profile, "replicas": nodes}
     try:
-        custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
-    except ApiException as exc:
+        create_pool(custom, pool, profile, nodes)
+    except BenchError:
         follower.stop.set()
-        raise BenchError(f"VirtualGPUPool {pool}: {exc.reason}: {str(exc.body)[:300]}") from None
+        raise
     try:
         wait_until(f"{nodes} nodes made", lambda: follower.counts()[0] >= nodes, timeout)
         wait_until(f"{nodes} nodes Ready", lambda: follower.counts()[1] >= nodes, timeout)

@@ -20,7 +20,19 @@ from typing import Any
 
 from virtualfleet.crd import GROUP, PLURAL, VERSION
 
-from .fleet import LEASE, TARGET_NODES, TARGET_RATE, TARGET_READY_S, BenchError, Follower, no_pool, wait_until
+from .fleet import (
+    TARGET_NODES,
+    BenchError,
+    Follower,
+    create_pool,
+    leader_metrics_path,
+    metrics_text,
+    no_pool,
+    pod_metrics_path,
+    rate_target,
+    ready_target,
+    wait_until,
+)
 
 __all__ = ["Hold", "Sample", "Step", "fit", "hold", "process_figures"]
 
@@ -31,12 +43,10 @@ COMPONENTS = ("API server", "fleet controller", "KWOK")
 def process_figures(text: str) -> tuple[float, float] | None:
     """(``process_cpu_seconds_total``, ``process_resident_memory_bytes``) from a ``/metrics`` text;
     None where either is missing (a process whose metrics leave them out)."""
-    got: dict[str, float] = {}
-    for line in text.splitlines():
-        for name in ("process_cpu_seconds_total", "process_resident_memory_bytes"):
-            if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
-                rest = line.rsplit("}", 1)[-1] if "{" in line else line[len(name) :]
-                got[name] = float(rest.split()[0])  # a timestamp may follow
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = ("process_cpu_seconds_total", "process_resident_memory_bytes")
+    got = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name in names}
     if len(got) != 2:
         return None
     return got["process_cpu_seconds_total"], got["process_resident_memory_bytes"]
@@ -101,19 +111,10 @@ class Hold:
             if step.nodes:
                 grown = self.grown(k)
                 rate = grown / step.made_s if step.made_s else 0.0
-                rate_ok = rate >= TARGET_RATE
                 rows.append((f"{step.nodes} nodes: {grown} made", f"{step.made_s:.1f} s", ""))
-                rows.append(
-                    (
-                        f"{step.nodes} nodes: node creation",
-                        f"{rate:.0f} nodes/s",
-                        f">= {TARGET_RATE:.0f} nodes/s{'' if rate_ok else ' MISSED'}",
-                    )
-                )
-                target = ""
-                if k == 1 and step.nodes == TARGET_NODES:  # from the pool's creation
-                    ok = step.ready_s <= TARGET_READY_S
-                    target = f"<= {TARGET_READY_S:.0f} s{'' if ok else ' MISSED'}"
+                rows.append((f"{step.nodes} nodes: node creation", f"{rate:.0f} nodes/s", rate_target(rate)))
+                # from the pool's creation
+                target = ready_target(step.ready_s) if k == 1 and step.nodes == TARGET_NODES else ""
                 rows.append((f"{step.nodes} nodes: {grown} Ready", f"{step.ready_s:.1f} s", target))
             for component in COMPONENTS:
                 if component in step.samples:
@@ -129,37 +130,19 @@ class Hold:
         return rows
 
 
-def _metrics_text(api: Any, path: str) -> str:
-    raw = api.call_api(path, "GET", auth_settings=["BearerToken"], _preload_content=False)
-    return str(raw.data.decode())
-
-
-def _pod_metrics_path(core: Any, namespace: str, pod: Any) -> str | None:
-    port = next((p.container_port for c in pod.spec.containers for p in c.ports or [] if p.name == "metrics"), None)
-    if port is None:
-        return None
-    return f"/api/v1/namespaces/{namespace}/pods/{pod.metadata.name}:{port}/proxy/metrics"
-
-
 def metrics_paths(api: Any, namespace: str) -> dict[str, str]:
     """component -> the API path of its /metrics: the API server's own; the pod holding the
     controller's Lease; a Running pod of the namespace with a container named ``kwok`` (each through
     the pod proxy, on its container port named ``metrics``). A component not found is left out."""
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
 
     core = client.CoreV1Api(api)
     paths = {"API server": "/metrics"}
-    try:
-        lease = client.CoordinationV1Api(api).read_namespaced_lease(LEASE, namespace)
-        path = _pod_metrics_path(core, namespace, core.read_namespaced_pod(lease.spec.holder_identity, namespace))
-        if path:
-            paths["fleet controller"] = path
-    except (ApiException, AttributeError):
-        pass
+    if path := leader_metrics_path(api, namespace):
+        paths["fleet controller"] = path
     for pod in core.list_namespaced_pod(namespace).items:
         if pod.status.phase == "Running" and any(c.name == "kwok" for c in pod.spec.containers):
-            path = _pod_metrics_path(core, namespace, pod)
+            path = pod_metrics_path(namespace, pod)
             if path:
                 paths["KWOK"] = path
                 break
@@ -175,7 +158,7 @@ def sample(api: Any, paths: dict[str, str], window: float) -> dict[str, Sample]:
         got = {}
         for component, path in paths.items():
             try:
-                figures = process_figures(_metrics_text(api, path))
+                figures = process_figures(metrics_text(api, path))
             except ApiException:
                 continue
             if figures:
@@ -228,12 +211,7 @@ def hold(
             start = time.monotonic() - t0
             progress(f"growing the pool to {nodes} nodes")
             if k == 0:
-                body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VirtualGPUPool", "metadata": {"name": pool}}
-                body["spec"] = {"profile": profile, "replicas": nodes}
-                try:
-                    custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
-                except ApiException as exc:
-                    raise BenchError(f"VirtualGPUPool {pool}: {exc.reason}: {str(exc.body)[:300]}") from None
+                create_pool(custom, pool, profile, nodes)
             else:
                 custom.patch_cluster_custom_object_scale(GROUP, VERSION, PLURAL, pool, {"spec": {"replicas": nodes}})
             wait_until(f"{nodes} nodes made", lambda n=nodes: follower.counts()[0] >= n, timeout)
