@@ -236,6 +236,38 @@ def test_libibverbs_lists_the_adapters(node: Path) -> None:
 
 
 @pytest.mark.consumers
+def test_a_program_given_some_adapters_lists_those_alone(tmp_path: Path) -> None:
+    """As in RDMA's exclusive namespace mode (DRA NIC drivers set it): a program that sees the
+    uverbs devices of some adapters lists only them in the InfiniBand classes — libibverbs,
+    libibumad (scandir), a shell's listing and nvidia-smi topo -m's hwloc — and one that sees
+    none lists all (the shared mode). ibstat then finds no other adapter by name either."""
+    root = tmp_path / "node"
+    assert mokka("host", "setup", "--profile", "h100", "--root", str(root)).returncode == 0
+    every = [f"mlx5_{i}" for i in range(8)]
+    given = {"mlx5_3": 3, "mlx5_6": 6}
+    for name in os.listdir(root / "dev/infiniband"):
+        if name.startswith("uverbs") and int(name[6:]) not in given.values():
+            (root / "dev/infiniband" / name).unlink()
+    devices = shimmed(root, [tool("ibv_devices")]).stdout.splitlines()[2:]
+    assert sorted(ln.split()[0] for ln in devices) == sorted(given)
+    assert shimmed(root, [tool("ibstat"), "-l"]).stdout.split() == sorted(given)
+    classes = [f"/sys/class/infiniband{suffix}" for suffix in ("", "_mad", "_verbs")]
+    assert shimmed(root, ["ls", *classes]).stdout.split() == [
+        f"{classes[0]}:", *sorted(given), f"{classes[1]}:", "abi_version", "issm3", "issm6", "umad3", "umad6",
+        f"{classes[2]}:", "abi_version", "uverbs3", "uverbs6",
+    ]  # fmt: skip
+    topo = shimmed(root, [str(root / "driver/usr/bin/nvidia-smi"), "topo", "-m"])
+    assert topo.returncode == 0, topo.stdout + topo.stderr
+    assert "NIC0: mlx5_3" in topo.stdout and "NIC1: mlx5_6" in topo.stdout and "NIC2" not in topo.stdout
+    rows = {ln.split("\t")[0]: ln.split("\t")[1:] for ln in topo.stdout.splitlines() if ln.startswith("GPU")}
+    assert [rows[f"GPU{g}"][8:10] for g in (3, 6)] == [["PIX", "SYS"], ["SYS", "PIX"]], topo.stdout
+    assert "'mlx5_0' IB device can't be found" in shimmed(root, [tool("ibstat"), "mlx5_0"]).stderr
+    for name in given.values():
+        (root / "dev/infiniband" / f"uverbs{name}").unlink()
+    assert shimmed(root, [tool("ibstat"), "-l"]).stdout.split() == every
+
+
+@pytest.mark.consumers
 def test_mokka_exec_runs_ibstat_on_a_throwaway_node() -> None:
     res = mokka("exec", "--profile", "gb300", "--", "ibstat", "mlx5_3")
     assert res.returncode == 0, res.stderr

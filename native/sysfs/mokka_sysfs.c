@@ -29,7 +29,8 @@
  * allocates as libc does). The real functions are found with dlsym(RTLD_NEXT) once each.
  *
  * The same library answers for the staged InfiniBand adapters beyond their files: umad.c serves
- * /dev/infiniband/umadN (the MAD tools), ibverbs.c libibverbs' device verbs (ibv_devinfo).
+ * /dev/infiniband/umadN (the MAD tools), ibverbs.c libibverbs' device verbs (ibv_devinfo), and
+ * listing.c lists a container the adapters it was given.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -361,19 +362,19 @@ HOOK int eaccess(const char *path, int mode) { TRY(int, -1, CALL(eaccess, -1, P,
 
 /* ---- directories --------------------------------------------------------------------- */
 
-HOOK DIR *opendir(const char *path) { TRY(DIR *, NULL, CALL(opendir, NULL, P)); }
+HOOK DIR *opendir(const char *path) { TRY(DIR *, NULL, shim_listing_opened(CALL(opendir, NULL, P), P)); }
 
 /* Shell scripts walk the tree with cd (ibstatus: `cd /sys/class/infiniband; echo *`). */
 HOOK int chdir(const char *path) { TRY(int, -1, CALL(chdir, -1, P)); }
 
 HOOK int scandir(const char *path, struct dirent ***list, int (*filter)(const struct dirent *),
                  int (*compar)(const struct dirent **, const struct dirent **)) {
-    TRY(int, -1, CALL(scandir, -1, P, list, filter, compar));
+    TRY(int, -1, shim_scandir(P, list, filter, compar));
 }
 
 HOOK int scandir64(const char *path, struct dirent64 ***list, int (*filter)(const struct dirent64 *),
                    int (*compar)(const struct dirent64 **, const struct dirent64 **)) {
-    TRY(int, -1, CALL(scandir64, -1, P, list, filter, compar));
+    TRY(int, -1, shim_scandir64(P, list, filter, compar));
 }
 
 /* ---- links ----------------------------------------------------------------------------- */
@@ -396,11 +397,16 @@ HOOK ssize_t __readlinkat_chk(int dirfd, const char *path, char *out, size_t len
     return readlinkat(dirfd, path, out, len);
 }
 
+const char *shim_unrooted(const char *p) {
+    if (shim_enabled() && strncmp(p, g_root, g_rootlen) == 0 && p[g_rootlen] == '/')
+        return p + g_rootlen;
+    return NULL;
+}
+
 /* The staged tree's canonical path, shown as the path below the root. */
 static const char *unrooted(const char *p) {
-    if (strncmp(p, g_root, g_rootlen) == 0 && p[g_rootlen] == '/')
-        return p + g_rootlen;
-    return p;
+    const char *below = shim_unrooted(p);
+    return below != NULL ? below : p;
 }
 
 HOOK char *realpath(const char *path, char *resolved) {

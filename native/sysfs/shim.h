@@ -51,6 +51,24 @@ int shim_read(const char *path, char *buf, size_t size);
 /* The whole staged file `path` (NUL-terminated, its length in *len; the caller frees it), or NULL. */
 char *shim_read_all(const char *path, size_t *len);
 
+/* `p`, a canonical path under the staged root, as the program names it; NULL when it is not
+ * under the root. */
+const char *shim_unrooted(const char *p);
+
+/* listing.c: `dir` was opened on `path` (staged or real); remembered when it lists an
+ * InfiniBand class of the staged tree, whose entries readdir then filters. Returns `dir`. */
+struct __dirstream;
+struct __dirstream *shim_listing_opened(struct __dirstream *dir, const char *path);
+
+/* listing.c: scandir/scandir64 of `path` (staged or real), without the entries of the adapters
+ * the program was not given when `path` is an InfiniBand class of the staged tree. */
+struct dirent;
+struct dirent64;
+int shim_scandir(const char *path, struct dirent ***list, int (*filter)(const struct dirent *),
+                 int (*compar)(const struct dirent **, const struct dirent **));
+int shim_scandir64(const char *path, struct dirent64 ***list, int (*filter)(const struct dirent64 *),
+                   int (*compar)(const struct dirent64 **, const struct dirent64 **));
+
 /* umad.c: `path` is one of the staged umad devices: a descriptor served by the MAD responder
  * (or -1, errno set); -2 when `path` is no umad device. */
 int umad_open(const char *path, int flags);
