@@ -113,7 +113,7 @@ def test_gpm_through_nvidia_smi_dmon(tmp_path: Path, smi: tuple[str, Path]) -> N
     # through (some columns '-'): a full row shows every metric, and no row shows another value
     expected = ["80", "80", "40", "30"]
     assert expected in rows, out
-    assert all(v in ("-", "0", want) for row in rows for v, want in zip(row, expected)), out
+    assert all(v in ("-", "0", want) for row in rows for v, want in zip(row, expected, strict=True)), out
     turing = staged_with(tmp_path / "t", "t4", gpu_count=1)
     out = turing.run([str(smi[1]), "dmon", "--gpm-metrics", "1", "-c", "3"]).stdout
     rows = [line.split() for line in out.splitlines() if line.strip() and not line.startswith("#")]
