@@ -12,6 +12,12 @@ library shows a container the GPUs whose ``/dev/nvidiaN`` exist, so the nodes al
 A per-device ``NVIDIA_VISIBLE_DEVICES`` would even be wrong: with two devices requested the
 runtime keeps only the last value of a variable.
 
+The InfiniBand adapters are a spec of their own (:func:`render_adapters`, kind ``mokka.io/hca``):
+each adapter (``mlx5_3``, and ``all``) carries its ``/dev/infiniband`` nodes (uverbs, umad, issm);
+spec-level edits are the node's sysfs view and its shim, so a container given only an adapter
+still reads it as the RDMA tools do (with a GPU of the other spec, the same mounts and variables
+merge into one).
+
 Version rules and name syntax are facts from the reference implementation
 (``tags.cncf.io/container-device-interface`` 0.8.0: ``pkg/cdi/version.go``, ``pkg/parser``).
 """
@@ -25,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from gpumodel import atomic
-from gpumodel.edits import ContainerEdits, DeviceNode, Mount, common_edits, container_edits
+from gpumodel.edits import ContainerEdits, DeviceNode, Mount, common_edits, container_edits, sysfs_view
 from gpumodel.mig_devices import GpuMig, MigDevice
 from gpumodel.nodelayout import GpuNode, NodeLayout
 
 __all__ = [
     "DEFAULT_DIR",
     "DEFAULT_KIND",
+    "HCA_KIND",
     "KNOWN_VERSIONS",
     "CdiError",
     "SpecError",
@@ -39,12 +46,14 @@ __all__ = [
     "file_name",
     "minimum_version",
     "render",
+    "render_adapters",
     "resolve",
     "validate",
     "write",
 ]
 
 DEFAULT_KIND = "nvidia.com/gpu"
+HCA_KIND = "mokka.io/hca"
 DEFAULT_DIR = Path("/var/run/cdi")
 ALL = "all"
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -158,6 +167,33 @@ def render(layout: NodeLayout, *, kind: str = DEFAULT_KIND, mig: Sequence[GpuMig
     spec: Json = {"cdiVersion": "", "kind": kind, "devices": devices, "containerEdits": _edits(common_edits(layout))}
     spec["cdiVersion"] = minimum_version(spec)
     # Key order as the spec documents it.
+    return {k: spec[k] for k in ("cdiVersion", "kind", "devices", "containerEdits")}
+
+
+def render_adapters(
+    layout: NodeLayout, adapters: Sequence[tuple[str, Sequence[tuple[str, int, int]]]], *, kind: str = HCA_KIND
+) -> Json:
+    """The CDI spec of the node's InfiniBand adapters: ``adapters`` is each adapter's name and its
+    character devices (name under ``/dev/infiniband``, major, minor), as the node's sysfs lists
+    them (``k8snode.dra.nics``); pure."""
+    split_kind(kind)
+    if not adapters:
+        raise CdiError(f"node {layout.root!r} has no InfiniBand adapters: nothing to put in a CDI spec")
+
+    def nodes(names: Sequence[tuple[str, int, int]]) -> list[DeviceNode]:
+        return [
+            DeviceNode(f"/dev/infiniband/{n}", major, minor, f"{layout.dev_root}/infiniband/{n}")
+            for n, major, minor in names
+        ]
+
+    devices: list[Json] = [
+        {"name": name, "containerEdits": _edits(ContainerEdits(device_nodes=tuple(nodes(chars))))}
+        for name, chars in adapters
+    ]
+    every = tuple(n for _, chars in adapters for n in nodes(chars))
+    devices.append({"name": ALL, "containerEdits": _edits(ContainerEdits(device_nodes=every))})
+    spec: Json = {"cdiVersion": "", "kind": kind, "devices": devices, "containerEdits": _edits(sysfs_view(layout))}
+    spec["cdiVersion"] = minimum_version(spec)
     return {k: spec[k] for k in ("cdiVersion", "kind", "devices", "containerEdits")}
 
 

@@ -139,16 +139,21 @@ def kernel_view(layout: NodeLayout) -> ContainerEdits:
     sysfs and /proc/driver/nvidia (C tools such as lspci and nvidia-smi topo's hwloc read them;
     the sysfs shim redirects those lookups into the staged trees) and the kernel log with the
     driver's Xid lines."""
-    mounts: list[Mount] = []
-    if layout.kernel_log:
-        mounts.append(Mount(layout.kernel_log, KERNEL_LOG_IN_CONTAINER))
-    env: list[str] = []
-    if layout.sysfs_shim:
-        mounts.append(Mount(layout.sysfs_shim, SHIM_IN_CONTAINER))
-        for tree in ("sys", "proc"):
-            mounts.append(Mount(f"{layout.root}/{tree}", f"{TREES_IN_CONTAINER}/{tree}"))
-        env += [f"LD_PRELOAD={SHIM_IN_CONTAINER}", f"MOKKA_SYSFS_ROOT={TREES_IN_CONTAINER}"]
-    return ContainerEdits(env=tuple(env), mounts=tuple(mounts))
+    log = (Mount(layout.kernel_log, KERNEL_LOG_IN_CONTAINER),) if layout.kernel_log else ()
+    trees = sysfs_view(layout)
+    return ContainerEdits(env=trees.env, mounts=log + trees.mounts)
+
+
+def sysfs_view(layout: NodeLayout) -> ContainerEdits:
+    """The node's staged sys/ and proc/ trees and the shim that shows them at the real paths
+    (nothing when the node was staged without the shim): the PCI functions, the driver's files
+    and the InfiniBand adapters' classes."""
+    if not layout.sysfs_shim:
+        return ContainerEdits()
+    mounts = [Mount(layout.sysfs_shim, SHIM_IN_CONTAINER)]
+    mounts += [Mount(f"{layout.root}/{tree}", f"{TREES_IN_CONTAINER}/{tree}") for tree in ("sys", "proc")]
+    env = (f"LD_PRELOAD={SHIM_IN_CONTAINER}", f"MOKKA_SYSFS_ROOT={TREES_IN_CONTAINER}")
+    return ContainerEdits(env=env, mounts=tuple(mounts))
 
 
 def driver_procfs(layout: NodeLayout, *, modules: bool = False) -> tuple[Hook, ...]:

@@ -25,7 +25,7 @@ from conftest import Staged
 
 from fetch import kubelet_api
 from hostsetup import sysfs
-from k8snode.dra import gpus, resources
+from k8snode.dra import gpus, nics, resources
 from k8snode.dra.claims import Checkpoint, Claim, ClaimError, Claims, checkpoint_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -253,10 +253,9 @@ def make_claims(tmp_path: Path, info: gpus.GpuInfo, api: ApiClaims, spec: Path |
     return Claims(
         driver=DRIVER,
         pool=NODE,
-        gpus=info,
+        cdi_ids=resources.gpu_inventory(info, cdi_kind=KIND).cdi_ids,
         checkpoint=Checkpoint.load(checkpoint_path(tmp_path / "plugin"), DRIVER),
         read_claim=api.read,
-        cdi_kind=KIND,
         cdi_spec=spec,
     )
 
@@ -414,13 +413,13 @@ class ApiServer:
 
     def __init__(self, api: ApiClaims) -> None:
         self.api = api
-        self.published: list[gpus.GpuInfo] = []
+        self.published: list[resources.Inventory] = []
 
-    def publish(self, info: gpus.GpuInfo) -> str:
-        self.published.append(info)
+    def publish(self, inventory: resources.Inventory) -> str:
+        self.published.append(inventory)
         return "slice"
 
-    def ensure_device_class(self) -> bool:
+    def ensure_device_class(self, body: dict[str, Any]) -> bool:
         return False
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -480,7 +479,7 @@ def test_services_over_unix_sockets(node_root: Path, kubelet_dir: Path, spec_fil
     async def scenario() -> None:
         server = ApiServer(claims_api)
         running = await start(config, cluster=server)  # type: ignore[arg-type]  # API calls answered from memory
-        assert server.published and server.published[0].gpus == info.gpus
+        assert server.published and list(server.published[0].devices) == [resources.device(g, info) for g in info.gpus]
         assert stat.S_ISSOCK(config.registration_socket.stat().st_mode)
         assert stat.S_ISSOCK(config.dra_socket.stat().st_mode)
         assert config.dra_socket.parent == kubelet_dir / "plugins" / DRIVER
@@ -642,3 +641,106 @@ def test_the_plugin_process_loads_no_tooling() -> None:
     tops = {m.split(".")[0] for m in res.stdout.split()}
     assert not tops & {"fetch", "containers", "bench", "hostsetup", "nri_mokka"}
     assert not tops & {"pydantic", "cffi"}, "the plugin process stays small"
+
+
+# ---- the InfiniBand adapters: a second driver ---------------------------------------------------
+
+NIC_KIND = "mokka.io/hca"
+
+
+def test_adapters_are_what_sysfs_says_each_beside_its_gpu(info: gpus.GpuInfo, tree: Path) -> None:
+    """One adapter per GPU of the h100 server, read from the class files as a NIC driver reads them:
+    its character devices, its PCI function, and the PCIe root it shares with its GPU (the pairing
+    a claim's matchAttribute makes)."""
+    found = nics.read(tree)
+    assert [n.name for n in found] == [f"mlx5_{i}" for i in range(4)]
+    for i, nic in enumerate(found):
+        assert nic.device_nodes == (
+            (f"uverbs{i}", 231, 192 + i), (f"issm{i}", 231, 64 + i), (f"umad{i}", 231, i)
+        )  # fmt: skip
+        assert (nic.hca_type, nic.link_layer, nic.rate_gbps, nic.ports) == ("MT4129", "InfiniBand", 400, 1)
+        assert nic.pcie_root is not None and nic.pcie_root == info.gpus[i].pcie_root
+        assert [g.index for g in info.gpus if g.pcie_root == nic.pcie_root] == [i]
+        assert os.path.isdir(tree / "bus/pci/devices" / nic.pcie_bus_id)
+    dev = resources.nic_device(found[2])
+    assert dev["name"] == "mlx5-2"
+    attrs = dev["attributes"]
+    assert attrs["type"] == {"string": "hca"} and attrs["rdmaDevice"] == {"string": "mlx5_2"}
+    assert attrs["resource.kubernetes.io/pcieRoot"] == {"string": info.gpus[2].pcie_root}
+    assert attrs["resource.kubernetes.io/pciBusID"] == {"string": found[2].pcie_bus_id}
+    assert attrs["firmwareVersion"] == {"version": resources.semver(found[2].firmware)}
+    assert nics.read(tree.parent / "absent") == ()
+
+
+def test_the_adapters_slice_and_class_pass_the_kubernetes_schema(tree: Path) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    inventory = resources.nic_inventory(nics.read(tree), cdi_kind=NIC_KIND)
+    assert inventory.cdi_ids == {f"mlx5-{i}": f"{NIC_KIND}=mlx5_{i}" for i in range(4)}
+    body = resources.slice_of(list(inventory.devices), NODE, driver=resources.NIC_DRIVER)
+    for obj in (body, inventory.device_class):
+        obj = json.loads(json.dumps(obj))
+        if "generateName" in obj["metadata"]:
+            obj["metadata"]["name"] = obj["metadata"].pop("generateName") + "x"
+        kubernetes_validate.validate(obj, "1.34.0", strict=True)
+    assert inventory.device_class["spec"]["selectors"] == [{"cel": {"expression": "device.driver == 'nic.mokka.io'"}}]
+
+
+def test_the_adapters_cdi_spec_gives_each_its_device_nodes_and_the_sysfs_view(node_root: Path, tree: Path) -> None:
+    import cdi
+    from fetch import cdi_schema
+    from gpumodel.nodelayout import NodeLayout
+
+    layout = NodeLayout.load(node_root)
+    found = nics.read(tree)
+    spec = cdi.render_adapters(layout, [(n.name, n.device_nodes) for n in found])
+    cdi.validate(spec, cdi_schema.fetch_schema())
+    assert spec["kind"] == NIC_KIND and cdi.file_name(spec) == "mokka.io-hca.json"
+    devices = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
+    assert sorted(devices) == ["all", "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+    assert [(n["path"], n["hostPath"], n["major"], n["minor"]) for n in devices["mlx5_1"]] == [
+        (f"/dev/infiniband/{name}", f"{layout.dev_root}/infiniband/{name}", 231, minor)
+        for name, minor in (("uverbs1", 193), ("issm1", 65), ("umad1", 1))
+    ]
+    assert len(devices["all"]) == 12
+    gpu_spec = cdi.render(layout)
+    assert all(m in gpu_spec["containerEdits"]["mounts"] for m in spec["containerEdits"].get("mounts", []))
+    with pytest.raises(cdi.CdiError, match="has no InfiniBand adapters"):
+        cdi.render_adapters(layout, [])
+
+
+def test_the_nic_driver_prepares_an_adapter_as_its_cdi_device(node_root: Path, kubelet_dir: Path) -> None:
+    from grpclib.client import Channel
+
+    from k8snode.dra import api
+    from k8snode.dra.plugin import NICS, Config, start
+
+    claims_api = ApiClaims()
+    pair = Claim("ns", "pair", "uid-p")
+    claims_api.add(pair, result("gpu-2"), result("mlx5-2", "nic", driver=resources.NIC_DRIVER))
+    config = Config(
+        root=node_root, node=NODE, driver=resources.NIC_DRIVER, devices=NICS, kubelet_dir=kubelet_dir, cdi_kind=NIC_KIND
+    )
+
+    async def scenario() -> None:
+        server = ApiServer(claims_api)
+        running = await start(config, cluster=server)  # type: ignore[arg-type]  # API calls answered from memory
+        assert [d["name"] for d in server.published[0].devices] == [f"mlx5-{i}" for i in range(4)]
+        assert config.dra_socket.parent == kubelet_dir / "plugins" / resources.NIC_DRIVER
+        try:
+            channel = Channel(path=str(config.dra_socket))
+            stub = api.dra_v1.DraPluginStub(channel)
+            answer = await stub.node_prepare_resources(
+                api.dra_v1.NodePrepareResourcesRequest(
+                    claims=[api.dra_v1.Claim(namespace="ns", name="pair", uid="uid-p")]
+                )
+            )
+            ok = answer.claims["uid-p"]
+            assert ok.error == ""  # the GPU of the claim is the other driver's to prepare
+            assert [(d.request_names, d.device_name, d.cdi_device_ids) for d in ok.devices] == [
+                (["nic"], "mlx5-2", [f"{NIC_KIND}=mlx5_2"])
+            ]
+            channel.close()
+        finally:
+            await running.close()
+
+    run(scenario())

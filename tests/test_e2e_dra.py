@@ -222,6 +222,103 @@ def test_a_cel_selector_on_product_name_picks_the_right_gpu(cluster: Any) -> Non
         delete(cluster, "pod/nvl", "pod/absent", "resourceclaimtemplate/nvl", "resourceclaimtemplate/absent")
 
 
+NIC_DRIVER = "nic.mokka.io"
+RDMA_IMAGE = "localhost/mokka/rdma:1"
+
+
+@pytest.fixture(scope="module")
+def rdma_image(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Debian's ibv_devices in an image the node holds (nvidia-smi comes with the GPU's CDI device)."""
+    import rdma_image as builder
+
+    from fetch import nvidia_smi
+    from gpumodel.native import library_path
+
+    mounted = [nvidia_smi.fetch("550"), library_path()]
+    cluster.import_image(builder.build(tmp_path_factory.mktemp("rdma"), RDMA_IMAGE, ["ibv_devices"], mounted=mounted))
+    return RDMA_IMAGE
+
+
+def test_a_claim_pairs_a_gpu_with_the_adapter_on_its_pcie_switch(cluster: Any, rdma_image: str) -> None:
+    """The adapters are devices of a second driver; a claim for GPU 3 and any adapter that shares
+    its resource.kubernetes.io/pcieRoot gets mlx5_3, and the pod sees exactly that pair: one GPU and
+    one NIC, PIX apart, in nvidia-smi topo -m; the one adapter in ibv_devices."""
+    wait("the NIC driver registered", lambda: f"kubelet registered the plugin {NIC_DRIVER}" in plugin_log(cluster))
+    nics = [s for s in get(cluster, "resourceslices")["items"] if s["spec"]["driver"] == NIC_DRIVER]
+    assert [s["spec"]["nodeName"] for s in nics] == [cluster.node_name]
+    roots = {
+        d["name"]: d["attributes"]["resource.kubernetes.io/pcieRoot"]["string"] for d in nics[0]["spec"]["devices"]
+    }
+    assert sorted(roots) == [f"mlx5-{i}" for i in range(GPUS)]
+    gpu_root = {
+        d["name"]: d["attributes"]["resource.kubernetes.io/pcieRoot"]["string"]
+        for d in the_slice(cluster)["spec"]["devices"]
+    }
+    assert [n for n, r in roots.items() if r == gpu_root["gpu-3"]] == ["mlx5-3"]
+    probe = "nvidia-smi topo -m; echo ---; ibv_devices; echo devices: $(ls /dev/infiniband); sleep 3600"
+    apply(
+        cluster,
+        f"""
+        apiVersion: resource.k8s.io/v1
+        kind: ResourceClaimTemplate
+        metadata: {{name: gpu-nic}}
+        spec:
+          spec:
+            devices:
+              requests:
+              - name: gpu
+                exactly:
+                  deviceClassName: {DRIVER}
+                  selectors: [{{cel: {{expression: 'device.attributes["{DRIVER}"].index == 3'}}}}]
+              - name: nic
+                exactly: {{deviceClassName: {NIC_DRIVER}}}
+              constraints:
+              - matchAttribute: resource.kubernetes.io/pcieRoot
+        ---
+        apiVersion: v1
+        kind: Pod
+        metadata: {{name: gpu-nic}}
+        spec:
+          restartPolicy: Never
+          terminationGracePeriodSeconds: 0
+          resourceClaims:
+          - {{name: devices, resourceClaimTemplateName: gpu-nic}}
+          containers:
+          - name: probe
+            image: {rdma_image}
+            imagePullPolicy: Never
+            command: ["sh", "-c", {json.dumps(probe)}]
+            resources:
+              claims:
+              - name: devices
+        """,
+    )
+    try:
+        wait("pod gpu-nic Running", lambda: phase(cluster, "gpu-nic") == "Running")
+        wait("its output", lambda: "devices:" in cluster.kubectl("logs", "gpu-nic", check=False).stdout)
+        out = cluster.kubectl("logs", "gpu-nic").stdout
+        status = get(cluster, "pod", "gpu-nic")["status"]
+        claim = get(cluster, "resourceclaim", status["resourceClaimStatuses"][0]["resourceClaimName"])
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert sorted((r["driver"], r["device"]) for r in results) == [(DRIVER, "gpu-3"), (NIC_DRIVER, "mlx5-3")]
+        topo, verbs = out.split("---\n", 1)
+        header = topo.splitlines()[0].split()
+        assert [h for h in header if h.startswith(("GPU", "NIC"))][:2] == ["GPU0", "NIC0"], out
+        assert "GPU1" not in topo and "NIC1" not in topo and "NIC0: mlx5_3" in topo, out
+        row = next(ln.split("\t") for ln in topo.splitlines() if ln.startswith("GPU0"))
+        assert row[2].strip() == "PIX", out
+        listed = [ln.split()[0] for ln in verbs.split("devices:")[0].splitlines()[2:] if ln.strip()]
+        assert listed == ["mlx5_3"], out
+        assert verbs.split("devices:")[1].split() == ["issm3", "umad3", "uverbs3"], out
+        assert re.search(
+            r"prepare default/gpu-nic-devices-\w+ \(uid [0-9a-f-]+\): mlx5-3 for request nic -> mokka.io/hca=mlx5_3$",
+            plugin_log(cluster),
+            re.M,
+        ), plugin_log(cluster)
+    finally:
+        delete(cluster, "pod/gpu-nic", "resourceclaimtemplate/gpu-nic")
+
+
 def test_claims_never_share_a_gpu(cluster: Any) -> None:
     pods = [f"share-{i}" for i in range(GPUS + 1)]
     for pod in pods:

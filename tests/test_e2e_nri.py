@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rdma_image
 from test_e2e_cdi import PROBE, PROFILE, assert_sees_exactly, device_nodes, sections
 
 import cdi
@@ -304,32 +305,10 @@ def test_external_allocator(
 
 @pytest.fixture(scope="module")
 def ib_image(tmp_path_factory: pytest.TempPathFactory, layout: nodelayout.NodeLayout) -> Path:
-    """busybox with Debian's ibstat, ibstatus, ibv_devinfo (libibverbs and its mlx5 provider),
-    perfquery and sminfo (libibmad, libibumad) and, ahead of busybox's on PATH, the dynamically
-    linked dash, cat and sed that ibstatus runs on in a Debian image (a static busybox is out of
-    any LD_PRELOAD's reach, as it is out of a real image's sysfs-reading path): nothing Mokka's."""
-    names = ("ibstat", "ibstatus", "perfquery", "sminfo", "ibv_devinfo")
-    tools = [shutil.which(name, path="/usr/sbin:/sbin:/usr/bin") for name in names]
-    provider = Path("/usr/lib/x86_64-linux-gnu/libibverbs/libmlx5-rdmav34.so")
-    if not all(tools) or not provider.exists():
-        pytest.fail(
-            f"{', '.join(names)} and the mlx5 verbs provider: install Debian's infiniband-diags, ibverbs-utils "
-            "and ibverbs-providers (.ci/setup --tests does)"
-        )
-    binaries = [Path(t) for t in tools if t and not t.endswith("ibstatus")]
-    shell = [Path("/bin/dash"), Path("/usr/bin/cat"), Path("/usr/bin/sed")]
-    needs = [*binaries, provider, *shell] + ([Path(layout.sysfs_shim)] if layout.sysfs_shim else [])
-    rootfs = images.make_rootfs(tmp_path_factory.mktemp("ib") / "rootfs", programs=needs)
-    for tool in tools:
-        shutil.copy2(str(tool), rootfs / "usr/sbin" / Path(str(tool)).name)
-    (rootfs / provider.parent.relative_to("/")).mkdir(parents=True, exist_ok=True)
-    shutil.copy2(provider, rootfs / provider.relative_to("/"))
-    (rootfs / "etc/libibverbs.d").mkdir(parents=True)
-    shutil.copy2("/etc/libibverbs.d/mlx5.driver", rootfs / "etc/libibverbs.d/mlx5.driver")
-    (rootfs / "usr/local/bin").mkdir(parents=True)
-    for program in shell:
-        shutil.copy2(program, rootfs / "usr/local/bin" / program.name)
-    return images.oci_archive(rootfs, tmp_path_factory.mktemp("ib-image") / "ib.tar", "localhost/mokka/ib:1")
+    """Debian's ibstat, ibstatus, ibv_devinfo, perfquery and sminfo (rdma_image)."""
+    tools = ("ibstat", "ibstatus", "perfquery", "sminfo", "ibv_devinfo")
+    shim = [Path(layout.sysfs_shim)] if layout.sysfs_shim else []
+    return rdma_image.build(tmp_path_factory.mktemp("ib"), "localhost/mokka/ib:1", tools, mounted=shim)
 
 
 def test_a_gpu_container_reads_the_nodes_infiniband_adapters(

@@ -2,13 +2,14 @@
 
 kubelet names a claim (namespace, name, UID); the scheduler's allocation in the claim's status
 says which devices of which driver and pool it got. For each of this driver's devices in this
-node's pool the answer is the CDI device ``nvidia.com/gpu=<UUID>`` of the project's CDI spec
-(``mokka cdi generate``): the same spec, hence the same edits, as every other path into a
-container. Every prepared claim is recorded in a checkpoint file *before* kubelet hears about it,
-so a repeated Prepare (kubelet retries, a plugin restart) gives the same answer without asking
-the API server again, and Unprepare of a claim that is not (or no longer) prepared succeeds.
+node's pool the answer is the device's CDI ID: for a GPU ``nvidia.com/gpu=<UUID>`` of the
+project's CDI spec (``mokka cdi generate``), the same spec, hence the same edits, as every other
+path into a container; for an InfiniBand adapter ``mokka.io/hca=<name>`` of the adapters' spec.
+Every prepared claim is recorded in a checkpoint file *before* kubelet hears about it, so a
+repeated Prepare (kubelet retries, a plugin restart) gives the same answer without asking the API
+server again, and Unprepare of a claim that is not (or no longer) prepared succeeds.
 
-Two claims never share a GPU here unless one of them has admin access: the scheduler already
+Two claims never share a device here unless one of them has admin access: the scheduler already
 guarantees that, and a prepare that would break it is refused. A preparation whose claim no longer
 holds the device (deleted, or deallocated, while kubelet has not yet asked to unprepare it: it does
 once the old pod's containers are gone) does not count: the scheduler has handed the device on.
@@ -19,16 +20,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpumodel import atomic
 
-from .gpus import GpuInfo
-
-__all__ = ["Checkpoint", "Claim", "ClaimError", "Claims", "PreparedDevice", "cdi_device_id"]
+__all__ = ["Checkpoint", "Claim", "ClaimError", "Claims", "PreparedDevice"]
 
 log = logging.getLogger("mokka.dra")
 
@@ -93,11 +92,6 @@ class PreparedClaim:
         }
 
 
-def cdi_device_id(kind: str, uuid: str) -> str:
-    """The fully qualified CDI device name of one GPU in the project's spec (devices by UUID)."""
-    return f"{kind}={uuid}"
-
-
 @dataclass
 class Checkpoint:
     """Prepared claims on disk (JSON, replaced atomically on every change)."""
@@ -147,18 +141,16 @@ class Claims:
         *,
         driver: str,
         pool: str,
-        gpus: GpuInfo,
+        cdi_ids: Mapping[str, str],
         checkpoint: Checkpoint,
         read_claim: ClaimReader,
-        cdi_kind: str,
         cdi_spec: Path | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
-        self.gpus = gpus.by_device_name()
+        self.cdi_ids = dict(cdi_ids)  # device name -> its CDI device ID
         self.checkpoint = checkpoint
         self.read_claim = read_claim
-        self.cdi_kind = cdi_kind
         self.cdi_spec = cdi_spec
         self._lock = threading.Lock()
 
@@ -212,17 +204,17 @@ class Claims:
             pool, name, request = result.get("pool"), result.get("device"), result.get("request", "")
             if pool != self.pool:
                 raise ClaimError(f"ResourceClaim {claim}: device {name} is in pool {pool}, this node's is {self.pool}")
-            gpu = self.gpus.get(str(name))
-            if gpu is None:
-                known = ", ".join(sorted(self.gpus)) or "none"
+            cdi_id = self.cdi_ids.get(str(name))
+            if cdi_id is None:
+                known = ", ".join(sorted(self.cdi_ids)) or "none"
                 raise ClaimError(f"ResourceClaim {claim}: no device {name} on this node (it has {known})")
-            prior = merged.get(gpu.device_name)
+            prior = merged.get(str(name))
             requests = (*(prior.requests if prior else ()), request)
-            merged[gpu.device_name] = PreparedDevice(
+            merged[str(name)] = PreparedDevice(
                 requests=requests,
                 pool=self.pool,
-                device=gpu.device_name,
-                cdi_ids=(cdi_device_id(self.cdi_kind, gpu.uuid),),
+                device=str(name),
+                cdi_ids=(cdi_id,),
                 admin_access=bool(result.get("adminAccess")) and (prior is None or prior.admin_access),
             )
         return tuple(merged.values())

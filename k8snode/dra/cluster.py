@@ -1,9 +1,9 @@
 """What the plugin asks of the API server, through the ``kubernetes`` client (resource.k8s.io/v1).
 
-- publish the node's one ResourceSlice: created once, replaced (pool generation + 1) only when
-  its devices change, extra slices of this driver on this node deleted;
-- create the DeviceClass ``gpu.nvidia.com`` when the cluster has none (an existing one is left
-  exactly as it is: NVIDIA's chart or the admin may own it);
+- publish the node's one ResourceSlice of the driver: created once, replaced (pool generation + 1)
+  only when its devices change, extra slices of this driver on this node deleted;
+- create the driver's DeviceClass (``gpu.nvidia.com``) when the cluster has none (an existing one
+  is left exactly as it is: NVIDIA's chart or the admin may own it);
 - read a ResourceClaim for NodePrepareResources.
 
 Objects travel as plain JSON (``_preload_content=False``): the plugin needs a handful of fields,
@@ -16,8 +16,7 @@ import json
 import logging
 from typing import Any
 
-from .gpus import GpuInfo
-from .resources import device_class, resource_slice
+from .resources import Inventory, slice_of
 
 __all__ = ["Cluster", "ClusterError", "api_reason", "load_client"]
 
@@ -98,8 +97,8 @@ class Cluster:
             log.info("Node %s not readable (%s): the ResourceSlice gets no owner", self.node, api_reason(exc))
             return None
 
-    def publish(self, info: GpuInfo) -> str:
-        """Make this node's slice hold ``info``'s GPUs; returns the slice's name."""
+    def publish(self, inventory: Inventory) -> str:
+        """Make this node's slice hold ``inventory``'s devices; returns the slice's name."""
         existing = self.slices()
         keep, extra = (existing[0], existing[1:]) if existing else (None, [])
         for obj in extra:
@@ -108,33 +107,29 @@ class Cluster:
                 self.resource.delete_resource_slice(name, _preload_content=False)
             except self._api_exception as exc:
                 raise ClusterError(f"cannot delete extra ResourceSlice {name}: {api_reason(exc)}") from None
-        devices = len(info.gpus)
-        products = ", ".join(sorted({g.product_name for g in info.gpus})) or "no GPUs"
+        devices = list(inventory.devices)
         if keep is None:
-            body = resource_slice(info, self.node, driver=self.driver, owner_uid=self._node_uid())
+            body = slice_of(devices, self.node, driver=self.driver, owner_uid=self._node_uid())
             try:
                 created = _body(self.resource.create_resource_slice(body, _preload_content=False))
             except self._api_exception as exc:
                 raise ClusterError(f"cannot create the ResourceSlice of node {self.node}: {api_reason(exc)}") from None
             name = str(created["metadata"]["name"])
-            log.info("published ResourceSlice %s: %d devices (%s), pool %s", name, devices, products, self.node)
+            log.info("published ResourceSlice %s: %s, pool %s", name, inventory.summary, self.node)
             return name
         name = str(keep["metadata"]["name"])
         spec = keep.get("spec") or {}
         generation = int((spec.get("pool") or {}).get("generation") or 0)
-        want = resource_slice(info, self.node, driver=self.driver, generation=generation)
-        if spec.get("devices") == want["spec"]["devices"] and (spec.get("pool") or {}).get("name") == self.node:
-            log.info("ResourceSlice %s is up to date: %d devices (%s)", name, devices, products)
+        if spec.get("devices") == devices and (spec.get("pool") or {}).get("name") == self.node:
+            log.info("ResourceSlice %s is up to date: %s", name, inventory.summary)
             return name
-        body = resource_slice(info, self.node, driver=self.driver, generation=generation + 1)
+        body = slice_of(devices, self.node, driver=self.driver, generation=generation + 1)
         body["metadata"] = dict(keep["metadata"])  # name, resourceVersion, owner: replace in place
         try:
             self.resource.replace_resource_slice(name, body, _preload_content=False)
         except self._api_exception as exc:
             raise ClusterError(f"cannot update ResourceSlice {name}: {api_reason(exc)}") from None
-        log.info(
-            "updated ResourceSlice %s: %d devices (%s), pool generation %d", name, devices, products, generation + 1
-        )
+        log.info("updated ResourceSlice %s: %s, pool generation %d", name, inventory.summary, generation + 1)
         return name
 
     def unpublish(self) -> int:
@@ -152,8 +147,9 @@ class Cluster:
 
     # ---- DeviceClass ----------------------------------------------------------------------
 
-    def ensure_device_class(self) -> bool:
-        """Create DeviceClass ``<driver>`` unless one exists; whether it was created."""
+    def ensure_device_class(self, body: Json) -> bool:
+        """Create the DeviceClass ``body`` (named after the driver) unless one of that name exists;
+        whether it was created."""
         try:
             self.resource.read_device_class(self.driver, _preload_content=False)
             return False
@@ -161,7 +157,7 @@ class Cluster:
             if getattr(exc, "status", None) != 404:
                 raise ClusterError(f"cannot read DeviceClass {self.driver}: {api_reason(exc)}") from None
         try:
-            self.resource.create_device_class(device_class(self.driver), _preload_content=False)
+            self.resource.create_device_class(body, _preload_content=False)
         except self._api_exception as exc:
             if getattr(exc, "status", None) == 409:  # created meanwhile by someone else
                 return False

@@ -1,8 +1,11 @@
-"""The DRA kubelet plugin process: read the GPUs, publish them, serve kubelet until told to stop.
+"""The DRA kubelet plugin process: read the devices, publish them, serve kubelet until told to stop.
 
-Start-up, in order:
+One process serves one driver per :class:`Config`: the GPUs (``gpu.nvidia.com``) and, on a node
+with InfiniBand adapters, the adapters (``nic.mokka.io``), each with its own sockets, slice and
+checkpoint, as two drivers would. Start-up of each, in order:
 
-1. the node's GPUs through the staged ``libnvidia-ml.so`` (``<root>/node.json`` says where);
+1. the node's devices: the GPUs through the staged ``libnvidia-ml.so`` (``<root>/node.json`` says
+   where), the adapters from the node's sysfs tree;
 2. the ResourceSlice of this node (and the DeviceClass when asked and absent);
 3. the prepared claims from the checkpoint ``<kubelet>/plugins/<driver>/checkpoint.json``;
 4. the DRAPlugin service on ``<kubelet>/plugins/<driver>/dra.sock`` (kubelet does not create that
@@ -25,6 +28,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,16 +36,18 @@ from typing import Any
 from gpumodel.nodelayout import NodeLayout
 
 from . import gpus as gpus_mod
+from . import nics as nics_mod
 from .claims import Checkpoint, ClaimError, Claims, checkpoint_path
 from .cluster import Cluster, ClusterError, load_client
-from .resources import DEFAULT_DRIVER
+from .resources import DEFAULT_DRIVER, Inventory, gpu_inventory, nic_inventory
 
-__all__ = ["Config", "PluginError", "Running", "serve", "start"]
+__all__ = ["GPUS", "NICS", "Config", "PluginError", "Running", "node_sysfs", "serve", "start"]
 
 log = logging.getLogger("mokka.dra")
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet")
 DEFAULT_CDI_KIND = "nvidia.com/gpu"
+GPUS, NICS = "gpus", "nics"  # which of the node's devices a driver serves
 
 
 class PluginError(Exception):
@@ -53,6 +59,7 @@ class Config:
     root: Path  # staged by `mokka host setup`: node.json
     node: str
     driver: str = DEFAULT_DRIVER
+    devices: str = GPUS  # GPUS (through NVML) or NICS (the InfiniBand adapters, from sysfs)
     kubelet_dir: Path = DEFAULT_KUBELET_DIR
     cdi_kind: str = DEFAULT_CDI_KIND
     cdi_spec: Path | None = None  # the spec file whose devices prepared claims name (checked when set)
@@ -106,7 +113,7 @@ class Running:
     """A started plugin: its servers and what it read."""
 
     config: Config
-    info: gpus_mod.GpuInfo
+    inventory: Inventory
     claims: Claims
     servers: list[Any]
     registered: asyncio.Event
@@ -121,7 +128,13 @@ class Running:
             await server.wait_closed()
 
 
-def _gpus(config: Config) -> gpus_mod.GpuInfo:
+def node_sysfs(layout: NodeLayout) -> Path:
+    """The node's sysfs: the tree staged under its root when there is one, else ``/sys``."""
+    staged = Path(layout.root) / "sys"
+    return staged if (staged / "bus" / "pci" / "devices").is_dir() else Path("/sys")
+
+
+def _inventory(config: Config) -> Inventory:
     try:
         layout = NodeLayout.load(config.root)
     except FileNotFoundError:
@@ -130,14 +143,16 @@ def _gpus(config: Config) -> gpus_mod.GpuInfo:
         ) from None
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise PluginError(f"cannot read {config.root}/node.json: {exc}") from None
-    sysfs = config.sysfs
-    if sysfs is None:
-        staged = Path(layout.root) / "sys"
-        sysfs = staged if (staged / "bus" / "pci" / "devices").is_dir() else Path("/sys")
+    sysfs = config.sysfs or node_sysfs(layout)
+    if config.devices == NICS:
+        return nic_inventory(nics_mod.read(sysfs), driver=config.driver, cdi_kind=config.cdi_kind)
     try:
-        return gpus_mod.read(Path(layout.library), sysfs)
+        info = gpus_mod.read(Path(layout.library), sysfs)
     except gpus_mod.NvmlError as exc:
         raise PluginError(str(exc)) from None
+    for index in info.lost:
+        log.warning("GPU %d is lost (NVML: GPU is lost): not published", index)
+    return gpu_inventory(info, driver=config.driver, cdi_kind=config.cdi_kind)
 
 
 async def start(config: Config, *, cluster: Cluster | None = None) -> Running:
@@ -146,18 +161,16 @@ async def start(config: Config, *, cluster: Cluster | None = None) -> Running:
 
     from .service import dra_services, registration_service
 
-    info = await asyncio.to_thread(_gpus, config)
-    for index in info.lost:
-        log.warning("GPU %d is lost (NVML: GPU is lost): not published", index)
+    inventory = await asyncio.to_thread(_inventory, config)
     if cluster is None:
         try:
             cluster = Cluster(await asyncio.to_thread(load_client, config.kubeconfig), config.node, config.driver)
         except ClusterError as exc:
             raise PluginError(str(exc)) from None
     try:
-        await asyncio.to_thread(cluster.publish, info)
+        await asyncio.to_thread(cluster.publish, inventory)
         if config.device_class:
-            await asyncio.to_thread(cluster.ensure_device_class)
+            await asyncio.to_thread(cluster.ensure_device_class, inventory.device_class)
     except ClusterError as exc:
         raise PluginError(str(exc)) from None
     try:
@@ -167,10 +180,9 @@ async def start(config: Config, *, cluster: Cluster | None = None) -> Running:
     claims = Claims(
         driver=config.driver,
         pool=config.node,
-        gpus=info,
+        cdi_ids=inventory.cdi_ids,
         checkpoint=checkpoint,
         read_claim=cluster.read_claim,
-        cdi_kind=config.cdi_kind,
         cdi_spec=config.cdi_spec,
     )
     if checkpoint.claims:
@@ -192,30 +204,36 @@ async def start(config: Config, *, cluster: Cluster | None = None) -> Running:
         try:
             sock = _listen(path, config.plugin_dir)
         except OSError as exc:
-            await Running(config, info, claims, servers, registered).close()
+            await Running(config, inventory, claims, servers, registered).close()
             raise PluginError(f"cannot serve on {path}: {exc.strerror or exc}") from None
         server = Server(services)
         await server.start(sock=sock)
         servers.insert(0, server)
     log.info(
-        "serving %s on %s (registration %s), %d GPUs",
+        "serving %s on %s (registration %s), %s",
         config.driver,
         config.dra_socket,
         config.registration_socket,
-        len(info.gpus),
+        inventory.summary,
     )
-    return Running(config, info, claims, servers, registered)
+    return Running(config, inventory, claims, servers, registered)
 
 
-async def serve(config: Config, *, cluster: Cluster | None = None, stop: asyncio.Event | None = None) -> None:
-    """Run until SIGTERM/SIGINT (or ``stop`` is set)."""
+async def serve(
+    configs: Sequence[Config], *, clusters: Sequence[Cluster] | None = None, stop: asyncio.Event | None = None
+) -> None:
+    """Serve every driver of ``configs`` until SIGTERM/SIGINT (or ``stop`` is set)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    running = await start(config, cluster=cluster)
+    running: list[Running] = []
     try:
+        for i, config in enumerate(configs):
+            running.append(await start(config, cluster=clusters[i] if clusters else None))
         await stop.wait()
     finally:
-        await running.close()
-        log.info("stopped: sockets removed; ResourceSlice and checkpoint kept for the next run")
+        for one in running:
+            await one.close()
+        if running:
+            log.info("stopped: sockets removed; ResourceSlices and checkpoints kept for the next run")

@@ -16,22 +16,42 @@ DeviceClasses and ResourceClaims written for a real cluster select these devices
 - DeviceClass ``gpu.nvidia.com``: ``device.driver == 'gpu.nvidia.com' &&
   device.attributes['gpu.nvidia.com'].type == 'gpu'``, with ``extendedResourceName:
   nvidia.com/gpu`` as the chart sets it for resource.k8s.io/v1.
+
+The InfiniBand adapters are the project's own driver, ``nic.mokka.io`` (no NIC driver's names
+fit an RDMA adapter without a network interface): devices ``mlx5-<n>``, attributes ``type`` =
+``hca``, ``rdmaDevice`` (``mlx5_3``), ``hcaType``, ``firmwareVersion``, ``nodeGUID``,
+``linkLayer``, ``rateGbps``, ``ports``, and Kubernetes' standard ``pcieRoot``, ``pciBusID`` and
+``numaNode``; DeviceClass ``nic.mokka.io`` selects them all. A GPU and an adapter behind the same
+PCIe switch share ``resource.kubernetes.io/pcieRoot``, so a claim's ``matchAttribute`` constraint
+on it pairs a GPU with its adapter.
+
+An :class:`Inventory` is what one driver publishes and prepares on a node: its devices, the CDI
+device each one is, and its DeviceClass.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .gpus import Gpu, GpuInfo
+from .nics import Nic
 
 __all__ = [
     "API_VERSION",
     "DEFAULT_DRIVER",
     "DEVICE_CLASS_SELECTOR",
+    "NIC_DRIVER",
     "PCIE_ROOT",
+    "Inventory",
     "device",
     "device_class",
+    "gpu_inventory",
+    "nic_device",
+    "nic_device_class",
+    "nic_inventory",
     "quantity",
     "resource_slice",
     "semver",
@@ -41,6 +61,10 @@ __all__ = [
 API_VERSION = "resource.k8s.io/v1"
 DEFAULT_DRIVER = "gpu.nvidia.com"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+NUMA_NODE = "resource.kubernetes.io/numaNode"
+NIC_DRIVER = "nic.mokka.io"
+NIC_TYPE = "hca"
 DEVICE_TYPE = "gpu"
 DEVICE_CLASS_SELECTOR = "device.driver == '{driver}' && device.attributes['{driver}'].type == 'gpu'"
 EXTENDED_RESOURCE = "nvidia.com/gpu"
@@ -140,3 +164,78 @@ def device_class(driver: str = DEFAULT_DRIVER) -> Json:
             "extendedResourceName": EXTENDED_RESOURCE,
         },
     }
+
+
+# ---- the InfiniBand adapters ---------------------------------------------------------------
+
+
+def nic_device(nic: Nic) -> Json:
+    """One ResourceSlice device for the adapter ``nic``."""
+    attributes: Json = {
+        "type": {"string": NIC_TYPE},
+        "rdmaDevice": {"string": nic.name},
+        "hcaType": {"string": nic.hca_type},
+        "nodeGUID": {"string": nic.node_guid},
+        "linkLayer": {"string": nic.link_layer},
+        "rateGbps": {"int": nic.rate_gbps},
+        "ports": {"int": nic.ports},
+        PCI_BUS_ID: {"string": nic.pcie_bus_id},
+    }
+    try:
+        attributes["firmwareVersion"] = {"version": semver(nic.firmware)}
+    except ValueError:
+        attributes["firmwareVersion"] = {"string": nic.firmware}
+    if nic.pcie_root:
+        attributes[PCIE_ROOT] = {"string": nic.pcie_root}
+    if nic.numa_node is not None:
+        attributes[NUMA_NODE] = {"int": nic.numa_node}
+    return {"name": nic.device_name, "attributes": attributes}
+
+
+def nic_device_class(driver: str = NIC_DRIVER) -> Json:
+    """The DeviceClass of every adapter of ``driver``."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DeviceClass",
+        "metadata": {"name": driver},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]},
+    }
+
+
+# ---- what one driver publishes ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """One driver's devices on a node: what its ResourceSlice holds, the CDI device each one is
+    (by device name), its DeviceClass, and a line for the logs."""
+
+    driver: str
+    devices: tuple[Json, ...]
+    cdi_ids: Mapping[str, str]
+    device_class: Json
+    summary: str
+
+
+def gpu_inventory(info: GpuInfo, *, driver: str = DEFAULT_DRIVER, cdi_kind: str) -> Inventory:
+    """The GPUs, each the CDI device ``<cdi_kind>=<UUID>`` of the project's spec."""
+    products = ", ".join(sorted({g.product_name for g in info.gpus})) or "no GPUs"
+    return Inventory(
+        driver=driver,
+        devices=tuple(device(g, info) for g in info.gpus),
+        cdi_ids={g.device_name: f"{cdi_kind}={g.uuid}" for g in info.gpus},
+        device_class=device_class(driver),
+        summary=f"{len(info.gpus)} GPUs ({products})",
+    )
+
+
+def nic_inventory(nics: tuple[Nic, ...], *, driver: str = NIC_DRIVER, cdi_kind: str) -> Inventory:
+    """The adapters, each the CDI device ``<cdi_kind>=<name>`` of the adapters' spec."""
+    types = ", ".join(sorted({n.hca_type for n in nics})) or "no adapters"
+    return Inventory(
+        driver=driver,
+        devices=tuple(nic_device(n) for n in nics),
+        cdi_ids={n.device_name: f"{cdi_kind}={n.name}" for n in nics},
+        device_class=nic_device_class(driver),
+        summary=f"{len(nics)} adapters ({types})",
+    )

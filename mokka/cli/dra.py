@@ -1,4 +1,4 @@
-"""`mokka dra-plugin`: the DRA kubelet plugin for the node's mock GPUs."""
+"""`mokka dra-plugin`: the DRA kubelet plugin for the node's mock GPUs and InfiniBand adapters."""
 
 from __future__ import annotations
 
@@ -42,6 +42,14 @@ from .root import KUBECONFIG_OPTION, fail, main
 )
 @click.option("--cdi-kind", default="nvidia.com/gpu", show_default=True, help="CDI kind of the project's spec.")
 @click.option(
+    "--nic-driver-name",
+    default="nic.mokka.io",
+    show_default=True,
+    help="DRA driver name of the node's InfiniBand adapters, served beside the GPUs when the node has "
+    "any; empty: the GPUs alone.",
+)
+@click.option("--nic-cdi-kind", default="mokka.io/hca", show_default=True, help="CDI kind of the adapters' spec.")
+@click.option(
     "--write-cdi-spec/--no-write-cdi-spec",
     default=True,
     show_default=True,
@@ -52,7 +60,8 @@ from .root import KUBECONFIG_OPTION, fail, main
     "--device-class/--no-device-class",
     default=True,
     show_default=True,
-    help="Create the DeviceClass <driver-name> as NVIDIA's chart does, unless the cluster has one.",
+    help="Create the DeviceClasses <driver-name> (as NVIDIA's chart does) and <nic-driver-name>, unless the "
+    "cluster has them.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging (gRPC and HTTP).")
 def dra_plugin(
@@ -63,6 +72,8 @@ def dra_plugin(
     kubeconfig: Path | None,
     cdi_dir: Path,
     cdi_kind: str,
+    nic_driver_name: str,
+    nic_cdi_kind: str,
     write_cdi_spec: bool,
     device_class: bool,
     verbose: bool,
@@ -78,6 +89,11 @@ def dra_plugin(
     devices nvidia.com/gpu=<UUID> of the project's CDI spec; prepared claims are checkpointed
     under plugins/<driver>/, so repeated calls, unprepare and restarts are idempotent.
 
+    On a node with InfiniBand adapters it serves them too, as a second driver (nic.mokka.io):
+    devices mlx5-<n> with the standard attribute resource.kubernetes.io/pcieRoot, which a GPU and
+    the adapter on its PCIe switch share (a claim's matchAttribute pairs them), each prepared as
+    the CDI device mokka.io/hca=mlx5_<n> (its /dev/infiniband nodes) of the adapters' spec.
+
     Logs one line per prepare/unprepare (claim, devices, CDI IDs, or why not). Needs root (kubelet's
     directories) and API access to ResourceSlices, ResourceClaims (read) and DeviceClasses.
     Stops on SIGTERM/SIGINT, removing its sockets; the ResourceSlice stays for the next run.
@@ -89,7 +105,7 @@ def dra_plugin(
     from gpumodel import nodelayout
 
     try:
-        from k8snode.dra import api, cluster, plugin  # noqa: F401 - api fails here without the bindings
+        from k8snode.dra import api, cluster, nics, plugin  # noqa: F401 - api fails here without the bindings
     except ImportError as exc:  # the generated kubelet API bindings are missing
         fail(str(exc))
     logging.basicConfig(
@@ -106,36 +122,50 @@ def dra_plugin(
         fail(f"cannot read {root}/node.json: {exc}")
     node = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
     # Everything is checked before anything is written: bad input changes nothing.
+    specs = []  # (spec, its path in cdi_dir)
     try:
         spec = cdi_pkg.render(layout, kind=cdi_kind)
+        specs.append((spec, cdi_dir / cdi_pkg.file_name(spec)))
+        adapters = nics.read(plugin.node_sysfs(layout)) if nic_driver_name else ()
+        if adapters:
+            spec = cdi_pkg.render_adapters(layout, [(a.name, a.device_nodes) for a in adapters], kind=nic_cdi_kind)
+            specs.append((spec, cdi_dir / cdi_pkg.file_name(spec)))
     except cdi_pkg.CdiError as exc:
         fail(str(exc))
-    spec_path = cdi_dir / cdi_pkg.file_name(spec)
-    if not write_cdi_spec and not spec_path.is_file():
-        fail(
-            f"no CDI spec {spec_path}: run `mokka cdi generate --root {root} --output {cdi_dir}` "
-            "or drop --no-write-cdi-spec"
-        )
+    for _, path in specs:
+        if not write_cdi_spec and not path.is_file():
+            fail(
+                f"no CDI spec {path}: run `mokka cdi generate --root {root} --output {cdi_dir}` "
+                "or drop --no-write-cdi-spec"
+            )
+    drivers = [(driver_name, plugin.GPUS, cdi_kind)] + (
+        [(nic_driver_name, plugin.NICS, nic_cdi_kind)] if adapters else []
+    )
     try:
-        kube = cluster.Cluster(cluster.load_client(str(kubeconfig) if kubeconfig else None), node, driver_name)
+        client = cluster.load_client(str(kubeconfig) if kubeconfig else None)
+        kubes = [cluster.Cluster(client, node, name) for name, _, _ in drivers]
     except cluster.ClusterError as exc:
         fail(str(exc))
     if write_cdi_spec:
         try:
-            spec_path = cdi_pkg.write(spec, cdi_dir)
+            specs = [(spec, cdi_pkg.write(spec, cdi_dir)) for spec, _ in specs]
         except cdi_pkg.CdiError as exc:
             fail(str(exc))
-    config = plugin.Config(
-        root=root,
-        node=node,
-        driver=driver_name,
-        kubelet_dir=kubelet_dir,
-        cdi_kind=cdi_kind,
-        cdi_spec=spec_path,
-        device_class=device_class,
-    )
+    configs = [
+        plugin.Config(
+            root=root,
+            node=node,
+            driver=name,
+            devices=devices,
+            kubelet_dir=kubelet_dir,
+            cdi_kind=kind,
+            cdi_spec=path,
+            device_class=device_class,
+        )
+        for (name, devices, kind), (_, path) in zip(drivers, specs, strict=True)
+    ]
     try:
-        asyncio.run(plugin.serve(config, cluster=kube))
+        asyncio.run(plugin.serve(configs, clusters=kubes))
     except plugin.PluginError as exc:
         fail(str(exc))
     except KeyboardInterrupt:
