@@ -217,10 +217,16 @@ def test_a_dra_pool_publishes_a_resource_slice_per_node(fleet: Cluster) -> None:
     got = settled(fleet, "dra", 2)
     assert got["status"]["allocatableGPUs"] == 4
     slices = json.loads(fleet.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
-    mine = {s["spec"]["nodeName"]: s for s in slices if s["spec"]["nodeName"].startswith("virtual-dra-")}
+    ours = [s for s in slices if s["spec"]["nodeName"].startswith("virtual-dra-")]
+    mine = {s["spec"]["nodeName"]: s for s in ours if s["spec"]["driver"] == "gpu.nvidia.com"}
     assert sorted(mine) == ["virtual-dra-0", "virtual-dra-1"]
     uuids = [d["attributes"]["uuid"]["string"] for s in mine.values() for d in s["spec"]["devices"]]
     assert len(uuids) == 4 == len(set(uuids))
+    # and each node's two InfiniBand adapters, as the DRA plugin publishes a real h100 node's
+    nics = {s["spec"]["nodeName"]: s["spec"]["devices"] for s in ours if s["spec"]["driver"] == "nic.mokka.io"}
+    assert {n: [d["name"] for d in ds] for n, ds in nics.items()} == {n: ["mlx5-0", "mlx5-1"] for n in mine}
+    guids = [d["attributes"]["nodeGUID"]["string"] for ds in nics.values() for d in ds]
+    assert len(guids) == 4 == len(set(guids))
     for name, node in nodes(fleet, f"{POOL_LABEL}=dra").items():
         assert "nvidia.com/gpu" not in node["status"]["capacity"], name
         assert mine[name]["metadata"]["ownerReferences"][0]["name"] == name
@@ -261,7 +267,12 @@ def test_a_fault_takes_the_gpu_out_of_a_dra_nodes_slice(fleet: Cluster) -> None:
 
     def devices() -> list[str]:
         slices = json.loads(fleet.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
-        return [d["name"] for s in slices if s["spec"]["nodeName"] == node for d in s["spec"]["devices"]]
+        return [
+            d["name"]
+            for s in slices
+            if s["spec"]["nodeName"] == node and s["spec"]["driver"] == "gpu.nvidia.com"
+            for d in s["spec"]["devices"]
+        ]
 
     try:
         assert devices() == ["gpu-0", "gpu-1"]

@@ -19,7 +19,8 @@ import pytest
 from cluster_fixtures import start_cluster, wait_for
 
 from bench.virtual import gpu_deployment
-from gpumodel import fleet
+from gpumodel import fleet, infiniband
+from gpumodel.profile import format_guid
 from localcluster.addons import fgo
 from localcluster.addons.fgo import FgoSpec
 from localcluster.cluster import Cluster
@@ -253,11 +254,11 @@ def dra_cluster(tmp_path_factory: pytest.TempPathFactory, cluster: Cluster) -> I
         yield c
 
 
-def slice_of(c: Cluster, node: str) -> dict[str, Any]:
+def slice_of(c: Cluster, node: str, driver: str = "gpu.nvidia.com") -> dict[str, Any]:
     items = json.loads(
         c.kubectl("get", "resourceslices", f"--field-selector=spec.nodeName={node}", "-o", "json").stdout
     )
-    (found,) = items["items"]
+    (found,) = [s for s in items["items"] if s["spec"]["driver"] == driver]
     return dict(found)
 
 
@@ -282,6 +283,24 @@ def test_a_virtual_node_publishes_the_dra_plugins_devices(dra_cluster: Cluster) 
                   for name in (dra_cluster.node_name, "virtual-h100-2-1"))
     ]  # fmt: skip
     assert gpu_resources == [set(), set()]
+
+
+def test_a_virtual_node_publishes_its_adapters_as_a_real_node_does(dra_cluster: Cluster) -> None:
+    """The NIC driver's slice of a virtual node: the real node's adapters of its GPUs (the same
+    attributes, pcieRoot beside each GPU's included), with the node's own GUIDs."""
+    real = slice_of(dra_cluster, dra_cluster.node_name, "nic.mokka.io")["spec"]["devices"]
+    mine = slice_of(dra_cluster, "virtual-h100-2-1", "nic.mokka.io")["spec"]["devices"]
+    gpus = slice_of(dra_cluster, "virtual-h100-2-1")["spec"]["devices"]
+    assert [d["name"] for d in mine] == ["mlx5-0", "mlx5-1"]
+    root = "resource.kubernetes.io/pcieRoot"
+    assert [d["attributes"][root] for d in mine] == [g["attributes"][root] for g in gpus]
+    for d, r in zip(mine, real, strict=False):
+        assert {k: v for k, v in d["attributes"].items() if k != "nodeGUID"} == {
+            k: v for k, v in r["attributes"].items() if k != "nodeGUID"
+        }
+    guids = [d["attributes"]["nodeGUID"]["string"] for d in mine]
+    assert guids == [format_guid(infiniband.derived_guid("h100:virtual-h100-2-1", n)) for n in range(2)]
+    assert not set(guids) & {r["attributes"]["nodeGUID"]["string"] for r in real}
 
 
 def test_a_dra_claim_is_allocated_on_a_virtual_node(dra_cluster: Cluster) -> None:

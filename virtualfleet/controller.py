@@ -33,7 +33,7 @@ from typing import Any
 from gpumodel import fleet
 from gpumodel import profile as profiles
 
-from . import faults, template
+from . import faults, slices, template
 from . import pool as pools
 from .crd import GROUP, PLURAL, VERSION
 from .metrics import Metrics
@@ -173,6 +173,7 @@ class Controller:
             labels={**(spec.get("labels") or {}), **made.labels},
             per_gpu=made.per_gpu,
             devices=made.devices,
+            nic_devices=made.nic_devices,
             racked=made.racked or rack is not None,
             rack_gpus=int(rack) if rack else fleet.NVL_DOMAIN_GPUS,
             taints=[{k: t[k] for k in ("key", "value", "effect") if k in t} for t in spec.get("taints") or []],
@@ -315,28 +316,14 @@ class Controller:
         core.patch_node(name, patch, _preload_content=False)
 
     def _slice(self, pool: pools.Pool, i: int, owner_uid: str, name: str | None = None) -> None:
-        """Node ``i``'s (or ``name``'s) ResourceSlice (made, or replaced where it is)."""
-        from kubernetes.client.rest import ApiException
-
+        """Node ``i``'s (or ``name``'s) ResourceSlices: its GPUs' and, where the profile has
+        InfiniBand adapters, theirs (made, or replaced where they are)."""
         from k8snode.dra import resources
 
         node = name or pool.nodes[i]
-        api = self._resource()
-        selector = f"spec.nodeName={node},spec.driver={DRA_DRIVER}"
-        found = json.loads(api.list_resource_slice(field_selector=selector, _preload_content=False).data)["items"]
-        if not found:
-            body = resources.slice_of(pool.slice_devices(node), node, owner_uid=owner_uid)
-            try:
-                api.create_resource_slice(body, _preload_content=False)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-            return
-        for item in found:
-            generation = int(item["spec"]["pool"].get("generation", 1)) + 1
-            body = resources.slice_of(pool.slice_devices(node), node, generation=generation, owner_uid=owner_uid)
-            body["metadata"] = item["metadata"]
-            api.replace_resource_slice(item["metadata"]["name"], body, _preload_content=False)
+        slices.publish(self._resource(), node, DRA_DRIVER, pool.slice_devices(node), owner_uid)
+        if pool.nic_devices:
+            slices.publish(self._resource(), node, resources.NIC_DRIVER, pool.nic_slice_devices(node), owner_uid)
 
     def _delete(self, node: str) -> None:
         from kubernetes.client.rest import ApiException
@@ -494,6 +481,7 @@ class Controller:
 def _digest(pool: pools.Pool, node: str, i: int) -> str:
     """What ``node`` at place ``i`` of ``pool`` is made from: the pool's facts (not its node count),
     the node's rack and what its faults show."""
-    facts: list[Any] = [pool.labels, pool.per_gpu, pool.devices, pool.racked, pool.rack_gpus, pool.taints]
+    facts: list[Any] = [pool.labels, pool.per_gpu, pool.devices, pool.nic_devices, pool.racked, pool.rack_gpus]
+    facts.append(pool.taints)
     facts += [pool.owner, pool.dra, dataclasses.asdict(pool.health_of(node)), pool.rack(i)]
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]

@@ -15,7 +15,8 @@ them. Every node of the pool then gets
   ``kwok.x-k8s.io/node=fake`` only, so it never touches a real kubelet's node;
 - ``nvidia.com/gpu`` (and MIG resources) as capacity and allocatable with ``--allocator
   device-plugin``, or a ResourceSlice of driver ``gpu.nvidia.com`` with the DRA plugin's devices
-  (its own GPU UUIDs) with ``--allocator dra``;
+  (its own GPU UUIDs) with ``--allocator dra``, and one of driver ``nic.mokka.io`` with its
+  InfiniBand adapters (its own GUIDs) where the profile has any;
 - faults as a real node's watchers show them (:class:`virtualfleet.faults.Health`): an unhealthy
   GPU leaves allocatable (capacity stays) or the ResourceSlice, the ``AcceleratedHardwareReady``
   condition says what a node health agent finds, a fabric probe In Progress on every GPU takes the
@@ -36,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpumodel import fleet
+from gpumodel import fleet, infiniband
 from gpumodel import profile as profiles
 
 from .faults import Health
@@ -117,6 +118,7 @@ class Pool:
     labels: dict[str, str]  # GFD's on the staged profile
     per_gpu: list[dict[str, int]]  # the device plugin's resources, GPU by GPU
     devices: list[Json]  # the DRA plugin's ResourceSlice devices of the staged profile
+    nic_devices: list[Json] = field(default_factory=list)  # its InfiniBand adapters' (driver nic.mokka.io)
     racked: bool = False  # the board is built into racks: each node's clique is its rack's
     health: dict[str, Health] = field(default_factory=dict)  # node -> what its faults show (none: healthy)
     rack_gpus: int = fleet.NVL_DOMAIN_GPUS  # GPUs in one NVLink domain (rack), where racked
@@ -187,6 +189,17 @@ class Pool:
         for i in self.healthy(node):
             dev = json.loads(json.dumps(self.devices[i]))
             dev["attributes"]["uuid"] = {"string": fleet.gpu_identity(self.profile, node, i)[0]}
+            out.append(dev)
+        return out
+
+    def nic_slice_devices(self, node: str) -> list[Json]:
+        """The adapters of ``node`` as DRA devices: the pool's, with this node's own GUIDs (derived
+        from the node's name as on a fleet node, :func:`gpumodel.fleet.as_node`)."""
+        out = []
+        for n, template in enumerate(self.nic_devices):
+            dev = json.loads(json.dumps(template))
+            guid = infiniband.derived_guid(f"{self.profile}:{node}", n)
+            dev["attributes"]["nodeGUID"] = {"string": profiles.format_guid(guid)}
             out.append(dev)
         return out
 

@@ -41,6 +41,7 @@ class Template:
     labels: dict[str, str]  # GFD's on the staged profile (and NFD's PCI labels when asked)
     per_gpu: list[dict[str, int]]  # the device plugin's resources, GPU by GPU
     devices: list[dict[str, Any]]  # the DRA plugin's ResourceSlice devices
+    nic_devices: list[dict[str, Any]]  # its InfiniBand adapters' (driver nic.mokka.io), read from the staged sysfs
     racked: bool  # the board is built into racks: the labels carry a clique (each node gets its rack's)
 
 
@@ -60,7 +61,7 @@ def compute(
     """The template of pool ``pool`` of ``profile`` (its GPU count already chosen), computed under
     ``workdir`` (left empty). GFD's output goes to ``workdir/gfd.log`` while it runs."""
     from k8snode.dra import gpus as dra_gpus
-    from k8snode.dra import resources
+    from k8snode.dra import nics, resources
 
     name = f"template-{pool}"
     staged = fleet.as_node(profile, name)
@@ -77,6 +78,7 @@ def compute(
             info = dra_gpus.read(Path(node.library), root / "sys")
         except dra_gpus.NvmlError as exc:
             raise TemplateError(f"pool {pool}: {exc}") from None
+        adapters = nics.read(root / "sys")
     except (OSError, hostnode.SetupError) as exc:
         raise TemplateError(f"pool {pool}: staging {profile.name}: {exc}") from None
     finally:
@@ -89,6 +91,7 @@ def compute(
         labels=labels,
         per_gpu=deviceplugin.allocatable_by_gpu(profile, mig_strategy),
         devices=[resources.device(g, info) for g in info.gpus],
+        nic_devices=[resources.nic_device(n) for n in adapters],
         racked=is_racked,
     )
 
