@@ -312,10 +312,12 @@ def test_a_rack_marked_down_and_what_the_device_plugin_does_not_watch(fleet: Clu
 
         def shown() -> dict[str, tuple[str | None, str, str]] | None:
             now = {n: health(o) for n, o in nodes(fleet, f"{POOL_LABEL}=rackfault").items()}
-            return now if now[names[0]][1] == "False" and now[names[3]][1] == "False" else None
+            # each node is its own update (its status, then its labels): wait for all three whole
+            down = ("False", "FabricManagerNotRunning")
+            rack = all(now[names[i]][0] is None and now[names[i]][1:] == down for i in (0, 1))
+            return now if rack and now[names[3]][1] == "False" else None
 
         now = wait_for("the rack's nodes and the NVLink node unready", shown, 60)
-        assert now[names[0]] == now[names[1]] == (None, "False", "FabricManagerNotRunning")
         assert now[names[2]] == health(before[names[2]])
         assert now[names[3]] == (health(before[names[3]])[0], "False", "NvidiaNVLinkError")
         assert allocatable(fleet, names[3]) == ("4", "4")
@@ -411,7 +413,8 @@ def test_a_new_controller_pod_makes_byte_identical_nodes(fleet: Cluster) -> None
     new = running(fleet, 1)[0]
     assert new != old
     settled(fleet, "again", 3, timeout=180)
-    wait_for("every node's ResourceSlice back", lambda: len(facts()[1]) == 3, 60)
+    assert len(before[1]) == 6  # each node's GPUs and its InfiniBand adapters
+    wait_for("every node's ResourceSlices back", lambda: len(facts()[1]) == len(before[1]), 60)
     assert facts() == before
     assert "pool again: template of gb300 computed" in logs(fleet, new)
 

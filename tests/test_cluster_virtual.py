@@ -294,9 +294,12 @@ def test_a_virtual_node_publishes_its_adapters_as_a_real_node_does(dra_cluster: 
     assert [d["name"] for d in mine] == ["mlx5-0", "mlx5-1"]
     root = "resource.kubernetes.io/pcieRoot"
     assert [d["attributes"][root] for d in mine] == [g["attributes"][root] for g in gpus]
+    # a 2-GPU node spreads its GPUs, and so their adapters, over both sockets: NUMA nodes 0 and 1
+    assert [d["attributes"]["resource.kubernetes.io/numaNode"] for d in mine] == [{"int": 0}, {"int": 1}]
+    own = ("nodeGUID", "resource.kubernetes.io/numaNode")
     for d, r in zip(mine, real, strict=False):
-        assert {k: v for k, v in d["attributes"].items() if k != "nodeGUID"} == {
-            k: v for k, v in r["attributes"].items() if k != "nodeGUID"
+        assert {k: v for k, v in d["attributes"].items() if k not in own} == {
+            k: v for k, v in r["attributes"].items() if k not in own
         }
     guids = [d["attributes"]["nodeGUID"]["string"] for d in mine]
     assert guids == [format_guid(infiniband.derived_guid("h100:virtual-h100-2-1", n)) for n in range(2)]
