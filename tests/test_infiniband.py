@@ -7,6 +7,7 @@ throw-away node as a user would.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -265,6 +266,24 @@ def test_a_program_given_some_adapters_lists_those_alone(tmp_path: Path) -> None
     for name in given.values():
         (root / "dev/infiniband" / f"uverbs{name}").unlink()
     assert shimmed(root, [tool("ibstat"), "-l"]).stdout.split() == every
+
+
+def test_cdi_generate_writes_the_adapters_spec_beside_the_gpus(node: Path, tmp_path: Path) -> None:
+    """One file per kind: the GPUs' and, on a node with adapters, theirs (each adapter's
+    /dev/infiniband nodes by its name, and `all`); a node without adapters gets the GPUs' alone."""
+    out = tmp_path / "cdi"
+    res = mokka("cdi", "generate", "--root", str(node), "--output", str(out))
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["mokka.io-hca.json", "nvidia.com-gpu.json"]
+    assert f"wrote {out}/mokka.io-hca.json (cdiVersion 0.5.0, kind mokka.io/hca, 9 devices:" in res.stdout
+    spec = json.loads((out / "mokka.io-hca.json").read_text())
+    nodes = {d["name"]: [n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in spec["devices"]}
+    assert nodes["mlx5_5"] == ["/dev/infiniband/uverbs5", "/dev/infiniband/issm5", "/dev/infiniband/umad5"]
+    assert len(nodes["all"]) == 24
+    bare = tmp_path / "t4"
+    assert mokka("host", "setup", "--profile", "t4", "--root", str(bare)).returncode == 0
+    res = mokka("cdi", "generate", "--root", str(bare), "--output", str(tmp_path / "t4-cdi"))
+    assert res.returncode == 0 and [p.name for p in (tmp_path / "t4-cdi").iterdir()] == ["nvidia.com-gpu.json"]
 
 
 @pytest.mark.consumers

@@ -306,18 +306,27 @@ def cdi() -> None:
 )
 @click.option("--kind", default="nvidia.com/gpu", show_default=True, help="CDI kind: VENDOR/CLASS.")
 @click.option(
+    "--hca-kind",
+    default="mokka.io/hca",
+    show_default=True,
+    help="CDI kind of the InfiniBand adapters' spec, written beside the GPUs' when the node has adapters.",
+)
+@click.option(
     "--validate/--no-validate",
     default=True,
     show_default=True,
     help="Validate against the official CDI JSON schema (fetched from Debian once, then cached).",
 )
-@click.option("--stdout", "to_stdout", is_flag=True, help="Print the spec instead of writing it.")
-def cdi_generate(root: Path, out_dir: Path, kind: str, validate: bool, to_stdout: bool) -> None:
+@click.option("--stdout", "to_stdout", is_flag=True, help="Print the GPUs' spec instead of writing the specs.")
+def cdi_generate(root: Path, out_dir: Path, kind: str, hca_kind: str, validate: bool, to_stdout: bool) -> None:
     """Write the CDI spec: devices by index, by UUID and `all`, edits from the node layout (MIG
-    devices as `<gpu>:<mig>` and by MIG UUID, as the MIG layout stands now)."""
+    devices as `<gpu>:<mig>` and by MIG UUID, as the MIG layout stands now). On a node with
+    InfiniBand adapters, also their spec (`mokka.io/hca=mlx5_0`, ... and `all`: each adapter's
+    /dev/infiniband nodes, and the node's sysfs view)."""
     import cdi as cdi_pkg
     from fetch import cdi_schema
     from gpumodel import nodelayout
+    from k8snode.dra import nics, plugin
 
     try:
         layout = nodelayout.NodeLayout.load(root)
@@ -334,20 +343,25 @@ def cdi_generate(root: Path, out_dir: Path, kind: str, validate: bool, to_stdout
         except (OSError, state.StateError) as exc:
             fail(f"cannot read the MIG layout from {layout.state}: {getattr(exc, 'strerror', None) or exc}")
     try:
-        spec = cdi_pkg.render(layout, kind=kind, mig=mig)
+        specs = [cdi_pkg.render(layout, kind=kind, mig=mig)]
+        adapters = nics.read(plugin.node_sysfs(layout))
+        if adapters:
+            specs.append(cdi_pkg.render_adapters(layout, [(a.name, a.device_nodes) for a in adapters], kind=hca_kind))
         if validate:
-            cdi_pkg.validate(spec, cdi_schema.fetch_schema())
+            for spec in specs:
+                cdi_pkg.validate(spec, cdi_schema.fetch_schema())
     except cdi_pkg.CdiError as exc:
         fail(str(exc))
     if to_stdout:
-        click.echo(json.dumps(spec, indent=2))
+        click.echo(json.dumps(specs[0], indent=2))
         return
     try:
-        path = cdi_pkg.write(spec, out_dir)
+        paths = [cdi_pkg.write(spec, out_dir) for spec in specs]
     except cdi_pkg.CdiError as exc:
         fail(str(exc))
-    names = [d["name"] for d in spec["devices"]]
-    click.echo(
-        f"wrote {path} (cdiVersion {spec['cdiVersion']}, kind {spec['kind']}, {len(names)} devices: "
-        f"{', '.join(names[:3])}, ... all)"
-    )
+    for spec, path in zip(specs, paths, strict=True):
+        names = [d["name"] for d in spec["devices"]]
+        click.echo(
+            f"wrote {path} (cdiVersion {spec['cdiVersion']}, kind {spec['kind']}, {len(names)} devices: "
+            f"{', '.join(names[:3])}, ... all)"
+        )
