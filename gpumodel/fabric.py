@@ -108,7 +108,10 @@ def subnet(members: Sequence[tuple[str, Profile]]) -> Subnet:
 
 def render(fabric: Subnet) -> str:
     """The fabric as the MAD responder reads it: one line per node, port and link."""
-    lines = ["# mokka fabric 1: node GUID kind ports device-id description; port node port GUID LID; link"]
+    lines = [
+        "# mokka fabric 1: node GUID kind ports device-id description; port node port GUID LID; "
+        "link node port node port up rate; counters node port name=value... (hostsetup.infiniband.sync_fabric)"
+    ]
     for node in fabric.nodes:
         lines.append(f"node {node.guid:016x} {node.kind} {node.ports} {node.device_id} {node.desc}")
         for number, guid, lid in node.port_lids:

@@ -287,19 +287,24 @@ def write_fabric(nodes: Sequence[tuple[str, Profile, Path]]) -> None:
 
 
 def sync_fabric(roots: Sequence[Path]) -> None:
-    """Each node's fabric file with every link's state as the adapter ports under ``roots`` show
-    it now: a port taken down on one node is a link down in every node's view."""
+    """Each node's fabric file with every link's state and every adapter port's counters as the
+    ports under ``roots`` show them now: a port taken down on one node is a link down in every
+    node's view, and ``perfquery <LID>`` from another node reads the port's counters as they are."""
     states: dict[tuple[str, str], bool] = {}
+    counters: list[str] = []
     for root in roots:
         for hca, port in ports(root):
             dev = root / "sys/class/infiniband" / f"mlx5_{hca}"
             guid = dev.joinpath("node_guid").read_text().strip().replace(":", "")
-            states[(guid, str(port))] = port_up(dev / "ports" / str(port))
+            pdir = dev / "ports" / str(port)
+            states[(guid, str(port))] = port_up(pdir)
+            values = sorted((c.name, c.read_text().strip()) for c in (pdir / "counters").iterdir() if c.is_file())
+            counters.append(f"counters {guid} {port} " + " ".join(f"{name}={value}" for name, value in values))
     for root in roots:
         path = root / FABRIC
         if not path.exists():
             continue
-        lines = path.read_text().splitlines()
+        lines = [ln for ln in path.read_text().splitlines() if not ln.startswith("counters ")]
         for i, line in enumerate(lines):
             words = line.split()
             if words[:1] != ["link"]:
@@ -309,4 +314,4 @@ def sync_fabric(roots: Sequence[Path]) -> None:
             if known:
                 words[5] = str(int(all(known)))
                 lines[i] = " ".join(words)
-        write_value(path, "\n".join(lines))
+        write_value(path, "\n".join(lines + counters))

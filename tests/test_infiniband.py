@@ -467,6 +467,43 @@ def test_a_port_down_on_one_node_is_a_link_down_in_the_others_view(
     assert "h100-1 mlx5_5" in shimmed(root0, [tool("ibnetdiscover"), "-p"]).stdout
 
 
+@pytest.mark.consumers
+def test_perfquery_reads_another_nodes_port_as_the_fabric_last_saw_it(
+    subnet: list[tuple[str, profiles.Profile, Path]],
+) -> None:
+    """perfquery by LID: another node's adapter port answers with its counters as the cluster last
+    synced them (a fault there shows once the fabric is synced, as `mokka fault --node` does), a
+    switch with zeros, another adapter of the same node from its own files; a LID behind a link
+    that is down gets no answer."""
+    (_, prof0, root0), (_, prof1, root1) = subnet
+    target = infiniband.adapters(prof1)[2].ports[0]
+    try:
+        ib_ports.add_link_errors(root1, 2, 1, 25)
+        res = shimmed(root0, [tool("perfquery"), str(target.lid), "1"])
+        assert "SymbolErrorCounter:..............0" in res.stdout, res.stdout + res.stderr  # not synced yet
+        ibsysfs.sync_fabric([root0, root1])
+        res = shimmed(root0, [tool("perfquery"), str(target.lid), "1"])
+        assert res.returncode == 0, res.stderr
+        assert f"# Port counters: Lid {target.lid} port 1 (CapMask: 0x5A00)" in res.stdout
+        assert (
+            "SymbolErrorCounter:..............25" in res.stdout and "PortRcvErrors:...................25" in res.stdout
+        )
+        spine = shimmed(root0, [tool("perfquery"), str(fabric.SM_LID), "5"])
+        assert spine.returncode == 0 and "SymbolErrorCounter:..............0" in spine.stdout, spine.stderr
+        ib_ports.add_link_errors(root0, 6, 1, 7)
+        mine = infiniband.adapters(prof0)[6].ports[0]
+        res = shimmed(root0, [tool("perfquery"), "-C", "mlx5_0", str(mine.lid), "1"])
+        assert "SymbolErrorCounter:..............7" in res.stdout, res.stdout + res.stderr  # its files, at once
+        ib_ports.set_link(root1, 2, 1, up=False)
+        ibsysfs.sync_fabric([root0, root1])
+        gone = shimmed(root0, [tool("perfquery"), "-t", "200", str(target.lid), "1"])
+        assert gone.returncode != 0, gone.stdout
+    finally:
+        for root, hca in ((root1, 2), (root0, 6)):
+            ib_ports.clear_port(root, hca, 1)
+        ibsysfs.sync_fabric([root0, root1])
+
+
 def _ipv6_tail(guid: int) -> str:
     """The GUID's four groups as an IPv6 address prints them (leading zeros dropped)."""
     return ":".join(f"{(guid >> s) & 0xFFFF:x}" for s in (48, 32, 16, 0))

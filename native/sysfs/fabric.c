@@ -13,7 +13,9 @@
 static const char FABRIC[] = "/sys/class/infiniband_mad/.mokka-fabric";
 
 void fabric_free(struct fabric *f) {
-    free(f->nodes), free(f->ports), free(f->links);
+    for (int i = 0; i < f->ncounters; i++)
+        free(f->counters[i].pairs);
+    free(f->nodes), free(f->ports), free(f->links), free(f->counters);
     memset(f, 0, sizeof *f);
 }
 
@@ -46,7 +48,8 @@ void fabric_load(struct fabric *f) {
     f->nodes = calloc((size_t)lines, sizeof *f->nodes);
     f->ports = calloc((size_t)lines, sizeof *f->ports);
     f->links = calloc((size_t)lines, sizeof *f->links);
-    if (f->nodes == NULL || f->ports == NULL || f->links == NULL) {
+    f->counters = calloc((size_t)lines, sizeof *f->counters);
+    if (f->nodes == NULL || f->ports == NULL || f->links == NULL || f->counters == NULL) {
         fabric_free(f);
         free(text);
         return;
@@ -60,6 +63,15 @@ void fabric_load(struct fabric *f) {
             x->guid = a;
             x->sw = strstr(line, " SW ") != NULL;
             snprintf(x->desc, sizeof x->desc, "%s", line + n);
+        } else if (sscanf(line, "counters %llx %d %n", &a, &f->counters[f->ncounters].port, &n) == 2 && n > 0) {
+            struct fcounters *c = &f->counters[f->ncounters];
+            size_t size = strlen(line + n) + 2;
+            c->pairs = malloc(size);
+            if (c->pairs != NULL) {
+                snprintf(c->pairs, size, " %s", line + n); /* each pair after a space */
+                c->node = a;
+                f->ncounters++;
+            }
         } else if (sscanf(line, "port %llx %d %llx %u", &a, &f->ports[f->nports].number, &b, &f->ports[f->nports].lid) == 4) {
             f->ports[f->nports].node = a;
             f->ports[f->nports++].guid = b;
@@ -106,4 +118,15 @@ const struct fport *fabric_lid(const struct fabric *f, unsigned lid) {
         if (f->ports[i].lid == lid)
             return &f->ports[i];
     return NULL;
+}
+
+uint64_t fabric_counter(const struct fabric *f, uint64_t node, int port, const char *name) {
+    char key[96];
+    snprintf(key, sizeof key, " %s=", name);
+    for (int i = 0; i < f->ncounters; i++)
+        if (f->counters[i].node == node && f->counters[i].port == port) {
+            const char *at = strstr(f->counters[i].pairs, key);
+            return at != NULL ? strtoull(at + strlen(key), NULL, 10) : 0;
+        }
+    return 0;
 }

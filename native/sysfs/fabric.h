@@ -1,7 +1,7 @@
 /*
  * The InfiniBand subnet around the node's adapters, as host setup (or the local cluster) writes
  * it beside the staged tree (gpumodel/fabric.py renders it): nodes (adapters and switches), their
- * ports' GUIDs and LIDs, and the links between ports.
+ * ports' GUIDs and LIDs, the links between ports, and the other nodes' adapter ports' counters.
  */
 #ifndef MOKKA_FABRIC_H
 #define MOKKA_FABRIC_H
@@ -29,11 +29,20 @@ struct flink {
     char rate[24]; /* "(4X NDR)" */
 };
 
+/* An adapter port's counters as the fabric last saw them (the local cluster copies each node's
+ * into every other node's fabric): " name=value name=value ...". */
+struct fcounters {
+    uint64_t node;
+    int port;
+    char *pairs;
+};
+
 struct fabric {
     struct fnode *nodes;
     struct fport *ports;
     struct flink *links;
-    int nnodes, nports, nlinks;
+    struct fcounters *counters;
+    int nnodes, nports, nlinks, ncounters;
 };
 
 /* The fabric file, parsed (empty when there is none); the node's own adapters' links as their
@@ -50,5 +59,9 @@ const struct fport *fabric_port(const struct fabric *f, uint64_t node, int numbe
 
 /* The port that holds `lid`. */
 const struct fport *fabric_lid(const struct fabric *f, unsigned lid);
+
+/* Counter `name` (its sysfs file name) of port `port` of adapter `node`; 0 when the fabric does
+ * not carry it. */
+uint64_t fabric_counter(const struct fabric *f, uint64_t node, int port, const char *name);
 
 #endif

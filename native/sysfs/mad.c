@@ -8,11 +8,13 @@
  *     SMP, directed route (walked link by link through the fabric) or to a LID:
  *         NodeDescription, NodeInfo, PortInfo; SwitchInfo of a switch
  *     SMP to the SM LID:                 SMInfo (the spine runs the master subnet manager)
- *     PerfMgmt to the port's own LID:    ClassPortInfo, PortCounters, PortCountersExtended
+ *     PerfMgmt to a LID:                 ClassPortInfo, PortCounters, PortCountersExtended: the
+ *                                        node's own ports from their files, another node's as
+ *                                        the fabric last copied them, a switch's all zero
  *
  * An attribute a reachable node does not know is answered with MAD status "unsupported"; a MAD
- * nobody can receive (a LID nobody holds, a path through a link that is down, another node's
- * counters) gets no answer, and the tool times out as it would. Field offsets are the InfiniBand
+ * nobody can receive (a LID nobody holds, a path through a link that is down) gets no answer,
+ * and the tool times out as it would. Field offsets are the InfiniBand
  * Architecture Specification's (volume 1, chapters 14 and 16); tests read the answers with
  * libibmad's own decoders (smpquery, perfquery, ibnetdiscover).
  */
@@ -229,13 +231,25 @@ static void perf_class_port_info(uint8_t *d) {
     put(d, 7, 1, 18); /* RespTimeValue */
 }
 
-static uint64_t counter(const char *ca, int port, const char *name, int bits) {
+/* Where a PerfMgmt agent's counters come from: one of the node's own adapters (its files), another
+ * node's adapter (the fabric), or a switch (none: all zero). */
+struct counters {
+    const char *ca;          /* the node's own adapter, else NULL */
+    const struct fabric *f;  /* another node's adapter: its counters in the fabric, else NULL */
+    uint64_t node;
+    int port;
+};
+
+static uint64_t counter(const struct counters *c, const char *name, int bits) {
     char file[96];
     snprintf(file, sizeof file, "counters/%s", name);
-    return sat(adapter_port_num(ca, port, file), bits);
+    uint64_t v = c->ca != NULL ? adapter_port_num(c->ca, c->port, file)
+                 : c->f != NULL ? fabric_counter(c->f, c->node, c->port, name)
+                                : 0;
+    return sat(v, bits);
 }
 
-static void port_counters(const char *ca, int port, uint8_t *d) {
+static void port_counters(const struct counters *c, uint8_t *d) {
     static const struct { const char *name; int off, bits; } fields[] = {
         {"symbol_error", 4, 16},
         {"link_error_recovery", 6, 8},
@@ -254,23 +268,36 @@ static void port_counters(const char *ca, int port, uint8_t *d) {
         {"port_rcv_packets", 36, 32},
         {"port_xmit_wait", 40, 32},
     };
-    put(d, 1, 1, (uint64_t)port); /* PortSelect */
-    put(d, 2, 2, 0xffff);         /* CounterSelect */
+    put(d, 1, 1, (uint64_t)c->port); /* PortSelect */
+    put(d, 2, 2, 0xffff);            /* CounterSelect */
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
-        put(d, fields[i].off, fields[i].bits / 8, counter(ca, port, fields[i].name, fields[i].bits));
-    nibbles(d, 19, (unsigned)counter(ca, port, "local_link_integrity_errors", 4),
-            (unsigned)counter(ca, port, "excessive_buffer_overrun_errors", 4));
+        put(d, fields[i].off, fields[i].bits / 8, counter(c, fields[i].name, fields[i].bits));
+    nibbles(d, 19, (unsigned)counter(c, "local_link_integrity_errors", 4),
+            (unsigned)counter(c, "excessive_buffer_overrun_errors", 4));
 }
 
-static void port_counters_ext(const char *ca, int port, uint8_t *d) {
+static void port_counters_ext(const struct counters *c, uint8_t *d) {
     static const char *const names[] = {
         "port_xmit_data",       "port_rcv_data",       "port_xmit_packets",      "port_rcv_packets",
         "unicast_xmit_packets", "unicast_rcv_packets", "multicast_xmit_packets", "multicast_rcv_packets",
     };
-    put(d, 1, 1, (uint64_t)port);
+    put(d, 1, 1, (uint64_t)c->port);
     put(d, 2, 2, 0xffff);
     for (int i = 0; i < 8; i++)
-        put(d, 8 + 8 * i, 8, counter(ca, port, names[i], 64));
+        put(d, 8 + 8 * i, 8, counter(c, names[i], 64));
+}
+
+/* The node's own adapter whose node GUID is `guid` (into `ca`), if any. */
+static int own_adapter(uint64_t guid, char *ca, size_t size) {
+    for (int i = 0; i < 64; i++) {
+        snprintf(ca, size, "mlx5_%d", i);
+        uint64_t g = adapter_guid(ca, "node_guid");
+        if (g == 0)
+            return 0;
+        if (g == guid)
+            return 1;
+    }
+    return 0;
 }
 
 /* ---- routing and the answer ------------------------------------------------------------- */
@@ -351,6 +378,45 @@ static int smp(const char *ca, int port, const uint8_t *mad, uint16_t dlid, uint
     return status;
 }
 
+/* A PerfMgmt MAD to `dlid` (its attribute into `d`, whose PortSelect names the port): 0, or the
+ * MAD status; -1: nobody receives it. A Set (perfquery -r) is answered with the counters as they
+ * stand: nothing is reset. */
+static int perf(const char *ca, int port, uint16_t attr, uint16_t dlid, uint8_t *d) {
+    int select = d[1];
+    struct fabric f = {0};
+    struct counters c = {.ca = ca, .port = port};
+    char other[24];
+    if (dlid != adapter_port_num(ca, port, "lid")) {
+        fabric_load(&f);
+        const struct fport *t = adapter_port_up(ca, port) ? fabric_lid(&f, dlid) : NULL;
+        const struct fnode *x = t != NULL ? fabric_node(&f, t->node) : NULL;
+        int end;
+        const struct flink *l = x != NULL && !x->sw ? fabric_link(&f, x->guid, t->number, &end) : NULL;
+        if (x == NULL || (!x->sw && (l == NULL || !l->up))) {
+            fabric_free(&f);
+            return -1;
+        }
+        if (x->sw)
+            c = (struct counters){.port = select};
+        else if (own_adapter(x->guid, other, sizeof other))
+            c = (struct counters){.ca = other, .port = t->number};
+        else
+            c = (struct counters){.f = &f, .node = x->guid, .port = t->number};
+    }
+    memset(d, 0, MAD_SIZE - DATA);
+    int status = 0;
+    if (attr == ATTR_CLASS_PORT_INFO)
+        perf_class_port_info(d);
+    else if (attr == ATTR_PORT_COUNTERS)
+        port_counters(&c, d);
+    else if (attr == ATTR_PORT_COUNTERS_EXT)
+        port_counters_ext(&c, d);
+    else
+        status = STATUS_UNSUPPORTED;
+    fabric_free(&f);
+    return status;
+}
+
 int mad_answer(const char *ca, int port, uint8_t *mad, uint16_t dlid) {
     uint8_t cls = mad[1], method = mad[3];
     uint16_t attr = get16(mad, 16);
@@ -362,18 +428,10 @@ int mad_answer(const char *ca, int port, uint8_t *mad, uint16_t dlid) {
         status = smp(ca, port, mad, dlid, d);
         if (status < 0)
             return 0;
-    } else if (cls == CLASS_PERF && dlid != 0 && dlid == adapter_port_num(ca, port, "lid")) {
-        /* A Set (perfquery -r) is answered with the counters as they stand: nothing is reset. */
-        memset(d, 0, MAD_SIZE - DATA);
-        status = 0;
-        if (attr == ATTR_CLASS_PORT_INFO)
-            perf_class_port_info(d);
-        else if (attr == ATTR_PORT_COUNTERS)
-            port_counters(ca, port, d);
-        else if (attr == ATTR_PORT_COUNTERS_EXT)
-            port_counters_ext(ca, port, d);
-        else
-            status = STATUS_UNSUPPORTED;
+    } else if (cls == CLASS_PERF && dlid != 0) {
+        status = perf(ca, port, attr, dlid, d);
+        if (status < 0)
+            return 0;
     } else {
         return 0;
     }
