@@ -11,6 +11,12 @@ SM LID every adapter port names.
 :func:`subnet` lays the fabric out for a list of nodes; :func:`render` writes it as the text the
 sysfs shim's MAD responder reads (native/sysfs/umad.c). Host setup writes a node's own fabric
 (the node alone on its rails); the local cluster writes one with every node of the cluster.
+
+LIDs are the subnet manager's to give, one per port, never two alike: each adapter port gets the
+LID its GUID hashes to (:func:`gpumodel.infiniband.lid_of`, stable across runs) unless the SM LID,
+a switch or an earlier port of the subnet holds it; then the next free one up. The nodes' trees
+carry the LIDs of the subnet they are in (host setup and ``hostsetup.infiniband.write_fabric``
+write them; a port brought back up gets its LID from the fabric file, :func:`file_lids`).
 """
 
 from __future__ import annotations
@@ -18,11 +24,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from .infiniband import OUI, adapters
 from .profile import Profile
 
-__all__ = ["FabricError", "Link", "Node", "Subnet", "render", "subnet"]
+__all__ = ["FILE", "FabricError", "Link", "Node", "Subnet", "file_lids", "port_lids", "render", "subnet"]
+
+# Where the sysfs shim's MAD responder reads the fabric, under a staged root: a dot file, which no
+# tool lists.
+FILE = Path("sys/class/infiniband_mad/.mokka-fabric")
 
 NODES_PER_RAIL = 32  # a leaf's down ports
 LEAF_UPLINK = 33  # its first up port, to the spine
@@ -30,6 +41,7 @@ SWITCH_PORTS = 64  # QM9700
 SWITCH_DEVICE_ID = 0xD2F2  # Quantum-2 (54002)
 SWITCH_DESC = "Quantum-2 Mellanox Technologies"
 SM_LID = 1  # the spine's LID; adapter ports name it as their SM LID
+TOP_LID = 0xBFFF  # the unicast range's top: the switches take LIDs from here down
 
 
 class FabricError(ValueError):
@@ -66,8 +78,22 @@ def switch_guid(role: str) -> int:
 
 
 def _switch_lid(index: int) -> int:
-    """LIDs from the top of the unicast range down, below any adapter's (lid_of hashes into 1..0xbffe)."""
-    return 0xBFFF - index
+    """LIDs from the top of the unicast range down (0 the spine's management port is not: it holds SM_LID)."""
+    return TOP_LID - index
+
+
+class _Lids:
+    """The subnet manager's LID assignment: a port's preferred LID unless taken, else the next free."""
+
+    def __init__(self, reserved: set[int]) -> None:
+        self.taken = set(reserved)
+
+    def give(self, preferred: int) -> int:
+        lid = preferred
+        while lid in self.taken:
+            lid = lid % (TOP_LID - 1) + 1  # 1..0xbffe, wrapping
+        self.taken.add(lid)
+        return lid
 
 
 def subnet(members: Sequence[tuple[str, Profile]]) -> Subnet:
@@ -78,24 +104,26 @@ def subnet(members: Sequence[tuple[str, Profile]]) -> Subnet:
     nodes: list[Node] = []
     links: list[Link] = []
     rails: dict[int, str] = {}  # rail -> its links' rate
-    for n, (host, prof) in enumerate(members):
-        for hca in adapters(prof):
-            if hca.spec.link_layer != "InfiniBand":
-                continue
-            nodes.append(
-                Node(
-                    hca.node_guid,
-                    "CA",
-                    len(hca.ports),
-                    hca.spec.device_id,
-                    f"{host} {hca.name}",
-                    tuple((p.number, p.guid, p.lid) for p in hca.ports),
-                )
+    hcas = [(n, host, hca) for n, (host, prof) in enumerate(members) for hca in adapters(prof)]
+    rails_used = {hca.index for _, _, hca in hcas if hca.spec.link_layer == "InfiniBand"}
+    lids = _Lids({SM_LID} | {_switch_lid(r) for r in rails_used})
+    for n, host, hca in hcas:
+        if hca.spec.link_layer != "InfiniBand":
+            continue
+        nodes.append(
+            Node(
+                hca.node_guid,
+                "CA",
+                len(hca.ports),
+                hca.spec.device_id,
+                f"{host} {hca.name}",
+                tuple((p.number, p.guid, lids.give(p.lid)) for p in hca.ports),
             )
-            rate = f"{hca.spec.width} {hca.spec.speed}"
-            rails.setdefault(hca.index, rate)
-            leaf = switch_guid(f"leaf{hca.index}")
-            links.append(Link((hca.node_guid, 1), (leaf, n + 1), True, rate))
+        )
+        rate = f"{hca.spec.width} {hca.spec.speed}"
+        rails.setdefault(hca.index, rate)
+        leaf = switch_guid(f"leaf{hca.index}")
+        links.append(Link((hca.node_guid, 1), (leaf, n + 1), True, rate))
     spine = switch_guid("spine")
     switches = [Node(spine, "SW", SWITCH_PORTS, SWITCH_DEVICE_ID, f"{SWITCH_DESC} spine", ((0, spine, SM_LID),))]
     for r, rate in sorted(rails.items()):
@@ -104,6 +132,21 @@ def subnet(members: Sequence[tuple[str, Profile]]) -> Subnet:
         switches.append(Node(leaf, "SW", SWITCH_PORTS, SWITCH_DEVICE_ID, f"{SWITCH_DESC} leaf{r}", ((0, leaf, lid),)))
         links.append(Link((leaf, LEAF_UPLINK), (spine, r + 1), True, rate))
     return Subnet(tuple(switches + nodes), tuple(links))
+
+
+def port_lids(fabric: Subnet) -> dict[int, int]:
+    """Each adapter port's LID in ``fabric``, by port GUID."""
+    return {guid: lid for node in fabric.nodes if node.kind == "CA" for _, guid, lid in node.port_lids}
+
+
+def file_lids(text: str) -> dict[int, int]:
+    """Each port's LID, by port GUID, as a fabric file (:func:`render`) says."""
+    out = {}
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] == ["port"] and len(words) == 5:
+            out[int(words[3], 16)] = int(words[4])
+    return out
 
 
 def render(fabric: Subnet) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import atomic
+from . import atomic, fabric
 from .infiniband import lid_of
 
 __all__ = [
@@ -75,6 +75,15 @@ def _port_guid(pdir: Path) -> int:
     return int(pdir.joinpath("gids/0").read_text().strip().replace(":", "")[16:], 16)
 
 
+def _lid(root: Path, pdir: Path) -> int:
+    """The port's LID: the subnet manager's, as the node's fabric file says (else its GUID's hash)."""
+    guid = _port_guid(pdir)
+    try:
+        return fabric.file_lids((root / fabric.FILE).read_text()).get(guid) or lid_of(guid)
+    except OSError:
+        return lid_of(guid)
+
+
 def set_link(root: Path, hca: int, port: int, up: bool) -> str:
     """Take the port's link down (Down, Disabled, no LID, LinkDownedCounter + 1) or bring it up."""
     pdir = port_dir(root, hca, port)
@@ -82,7 +91,7 @@ def set_link(root: Path, hca: int, port: int, up: bool) -> str:
     infiniband = pdir.joinpath("link_layer").read_text().strip() == "InfiniBand"
     write_value(pdir / "state", state_text(up))
     write_value(pdir / "phys_state", phys_state_text(up))
-    write_value(pdir / "lid", f"0x{lid_of(_port_guid(pdir)):x}" if up and infiniband else "0x0")
+    write_value(pdir / "lid", f"0x{_lid(root, pdir):x}" if up and infiniband else "0x0")
     write_value(pdir / "sm_lid", "0x1" if up and infiniband else "0x0")
     if was_up and not up:
         write_value(pdir / "counters/link_downed", str(_read_int(pdir / "counters/link_downed") + 1))

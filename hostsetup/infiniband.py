@@ -48,7 +48,7 @@ from .sysfs import (
 # The subnet around the node's adapters (gpumodel/fabric.py), where the sysfs shim's MAD responder
 # reads it: a dot file, which no tool lists. Host setup writes the node alone on its rails; the
 # local cluster writes the subnet of all its nodes (write_fabric).
-FABRIC = Path("sys/class/infiniband_mad/.mokka-fabric")
+FABRIC = fabric.FILE
 UVERBS_MAJOR = 231  # ib_uverbs, ib_umad: the kernel's fixed InfiniBand major
 UVERBS_BASE = 192
 ISSM_BASE = 64
@@ -115,15 +115,15 @@ def ib_dir(hca: Hca, behind: dict[int, pcie.Switch]) -> Path:
     return hca_dir(hca, behind) / "infiniband" / hca.name
 
 
-def port_files(hca: Hca, port: Port) -> dict[str, str]:
-    """A port's files as staged (link up, counters 0), relative to ``ports/<n>/``."""
+def port_files(hca: Hca, port: Port, lid: int) -> dict[str, str]:
+    """A port's files as staged (link up with LID ``lid``, counters 0), relative to ``ports/<n>/``."""
     ib = hca.spec
     infiniband = ib.link_layer == "InfiniBand"
     out = {
         "state": state_text(True),
         "phys_state": phys_state_text(True),
         "rate": ib.rate_text,
-        "lid": f"0x{port.lid:x}",
+        "lid": f"0x{lid:x}",
         "lid_mask_count": "0",
         "sm_lid": "0x1" if infiniband else "0x0",
         "sm_sl": "0",
@@ -178,6 +178,8 @@ def files(profile: Profile, behind: dict[int, pcie.Switch]) -> dict[Path, bytes 
         out[path] = Link(rel_path(target, path))
 
     driver = Path("sys/bus/pci/drivers/mlx5_core")
+    subnet = fabric.subnet([(profile.name, profile)])  # the node alone on its rails
+    lids = fabric.port_lids(subnet)
     nodes = profile.topology.numa_nodes
     ncpus = cpu_count(profile)
     umad = 0
@@ -230,7 +232,7 @@ def files(profile: Profile, behind: dict[int, pcie.Switch]) -> dict[Path, bytes 
         link(dev / "device", base)
         link(Path("sys/class/infiniband") / hca.name, dev)
         for port in hca.ports:
-            for rel, value in port_files(hca, port).items():
+            for rel, value in port_files(hca, port, lids.get(port.guid, port.lid)).items():
                 text(dev / "ports" / str(port.number) / rel, value)
             for kind, minor in (("umad", umad), ("issm", ISSM_BASE + umad)):
                 mad = base / "infiniband_mad" / f"{kind}{umad}"
@@ -247,7 +249,7 @@ def files(profile: Profile, behind: dict[int, pcie.Switch]) -> dict[Path, bytes 
         link(Path("sys/class/infiniband_verbs") / f"uverbs{hca.index}", verbs)
     text(Path("sys/class/infiniband_verbs/abi_version"), str(UVERBS_ABI))
     text(Path("sys/class/infiniband_mad/abi_version"), str(UMAD_ABI))
-    out[FABRIC] = fabric.render(fabric.subnet([(profile.name, profile)])).encode()
+    out[FABRIC] = fabric.render(subnet).encode()
     for key in ("bind", "unbind", "new_id", "remove_id", "uevent"):
         out[driver / key] = b""
     return out
@@ -279,10 +281,20 @@ def write_fabric(nodes: Sequence[tuple[str, Profile, Path]]) -> None:
             desc = root / "sys/class/infiniband" / hca.name / "node_desc"
             if desc.exists():
                 write_value(desc, f"{host} {hca.name}")
-    text = fabric.render(fabric.subnet([(host, prof) for host, prof, _ in nodes]))
+    subnet = fabric.subnet([(host, prof) for host, prof, _ in nodes])
+    text = fabric.render(subnet)
     for _, _, root in nodes:
         if (root / FABRIC).parent.is_dir():
             write_value(root / FABRIC, text.rstrip("\n"))
+    # The subnet manager's LIDs: a port whose hashed LID another port of the subnet holds gets another.
+    lids = fabric.port_lids(subnet)
+    for _, prof, root in nodes:
+        for hca in adapters(prof):
+            for port in hca.ports:
+                pdir = root / "sys/class/infiniband" / hca.name / "ports" / str(port.number)
+                lid = lids.get(port.guid)
+                if lid is not None and pdir.is_dir() and port_up(pdir):
+                    write_value(pdir / "lid", f"0x{lid:x}")
     sync_fabric([root for _, _, root in nodes])
 
 

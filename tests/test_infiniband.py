@@ -504,6 +504,41 @@ def test_perfquery_reads_another_nodes_port_as_the_fabric_last_saw_it(
         ibsysfs.sync_fabric([root0, root1])
 
 
+def test_the_subnet_manager_gives_two_ports_that_hash_alike_two_lids(tmp_path: Path) -> None:
+    """LIDs are the SM's: two nodes whose adapter GUIDs hash to one LID get two, in their trees and
+    in the fabric; smpquery by each LID reaches its own node; a port brought back up gets its LID
+    from the fabric again."""
+    from hostsetup import node as hostnode
+
+    first = (infiniband.OUI << 40) | 0x1000
+    nodes = []
+    for i, guid in enumerate((first, first + 0xBFFE)):  # lid_of: 1 + guid % 0xbffe, the same for both
+        base = profiles.load("h100").with_count(1)
+        assert base.infiniband is not None
+        ib = base.infiniband.model_copy(update={"guids": [format_guid(guid)]})
+        prof = base.model_copy(update={"name": f"h100-{i}", "infiniband": ib})
+        root = tmp_path / f"h100-{i}"
+        hostnode.apply(hostnode.plan(prof, hostnode.Options(root=root)))
+        nodes.append((f"h100-{i}", prof, root))
+    assert infiniband.lid_of(first) == infiniband.lid_of(first + 0xBFFE)
+    ibsysfs.write_fabric(nodes)
+
+    def lid(root: Path) -> int:
+        return int((root / "sys/class/infiniband/mlx5_0/ports/1/lid").read_text(), 16)
+
+    lids = [lid(root) for _, _, root in nodes]
+    assert lids[0] == infiniband.lid_of(first) and lids[1] != lids[0], lids
+    assert fabric.file_lids((nodes[0][2] / fabric.FILE).read_text())[first + 0xBFFE] == lids[1]
+    for (name, _, _), target in zip(nodes, lids, strict=True):
+        res = shimmed(nodes[0][2], [tool("smpquery"), "nodedesc", str(target)])
+        assert f"{name} mlx5_0" in res.stdout, res.stdout + res.stderr
+    root1 = nodes[1][2]
+    ib_ports.set_link(root1, 0, 1, up=False)
+    assert lid(root1) == 0
+    ib_ports.clear_port(root1, 0, 1)
+    assert lid(root1) == lids[1]
+
+
 def _ipv6_tail(guid: int) -> str:
     """The GUID's four groups as an IPv6 address prints them (leading zeros dropped)."""
     return ":".join(f"{(guid >> s) & 0xFFFF:x}" for s in (48, 32, 16, 0))

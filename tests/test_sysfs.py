@@ -572,8 +572,10 @@ def test_nvidia_runtime_wrappers_see_the_mock_driver(shim: Path, tree: Callable[
 def test_shim_exports_only_hooks(shim: Path) -> None:
     res = subprocess.run(["nm", "-D", "--defined-only", str(shim)], capture_output=True, text=True, check=True)
     exported = {line.split()[-1] for line in res.stdout.splitlines() if " T " in line or " W " in line}
-    # The path hooks, the umad device's ioctl() and close(), libibverbs' device verbs.
+    # The path hooks, the umad device's ioctl() and close(), the InfiniBand class listings' streams
+    # (listing.c), libibverbs' device verbs.
     devices = {"ioctl", "close"}
+    listings = {"fdopendir", "readdir", "readdir64", "closedir"}
     verbs = {
         "ibv_open_device",
         "ibv_close_device",
@@ -586,7 +588,7 @@ def test_shim_exports_only_hooks(shim: Path) -> None:
         "ibv_create_comp_channel",
         "ibv_create_cq",
     }
-    assert exported == set(ALL_CALLS) - {"realpath-alloc"} | devices | verbs
+    assert exported == set(ALL_CALLS) - {"realpath-alloc"} | devices | listings | verbs
 
 
 # ---- real consumers -----------------------------------------------------------------------
