@@ -153,23 +153,23 @@ def claim_pod(
     annotations: dict[str, str] | None = None,
     device_class: str = "gpu.nvidia.com",
     probe: str = CLAIM_PROBE,
+    devices: str | None = None,
+    image: str = WORKLOAD_IMAGE,
 ) -> str:
     """A ResourceClaimTemplate ``template`` (default: the pod's name) of one device of
-    ``device_class`` (optionally CEL-selected) and a pod ``name`` using it that runs ``probe``
-    (default :data:`CLAIM_PROBE`), as YAML for ``kubectl apply``."""
+    ``device_class`` (optionally CEL-selected), or of ``devices`` (the claim's ``devices`` as YAML
+    flow text: its requests and constraints), and a pod ``name`` of ``image`` using it that runs
+    ``probe`` (default :data:`CLAIM_PROBE`), as YAML for ``kubectl apply``."""
     template = template or name
-    cel = f"\n              selectors: [{{cel: {{expression: {json.dumps(selector)}}}}}]" if selector else ""
+    cel = f", selectors: [{{cel: {{expression: {json.dumps(selector)}}}}}]" if selector else ""
+    wanted = devices or f"{{requests: [{{name: gpu, exactly: {{deviceClassName: {device_class}{cel}}}}}]}}"
     return textwrap.dedent(f"""
     apiVersion: resource.k8s.io/v1
     kind: ResourceClaimTemplate
     metadata: {{name: {template}}}
     spec:
       spec:
-        devices:
-          requests:
-          - name: gpu
-            exactly:
-              deviceClassName: {device_class}{cel}
+        devices: {wanted}
     ---
     apiVersion: v1
     kind: Pod
@@ -181,7 +181,7 @@ def claim_pod(
       - {{name: gpu, resourceClaimTemplateName: {template}}}
       containers:
       - name: probe
-        image: {WORKLOAD_IMAGE}
+        image: {image}
         imagePullPolicy: Never
         command: ["sh", "-c", {json.dumps(probe)}]
         resources:

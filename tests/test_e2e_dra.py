@@ -256,43 +256,13 @@ def test_a_claim_pairs_a_gpu_with_the_adapter_on_its_pcie_switch(cluster: Any, r
     }
     assert [n for n, r in roots.items() if r == gpu_root["gpu-3"]] == ["mlx5-3"]
     probe = "nvidia-smi topo -m; echo ---; ibv_devices; echo devices: $(ls /dev/infiniband); sleep 3600"
-    apply(
-        cluster,
-        f"""
-        apiVersion: resource.k8s.io/v1
-        kind: ResourceClaimTemplate
-        metadata: {{name: gpu-nic}}
-        spec:
-          spec:
-            devices:
-              requests:
-              - name: gpu
-                exactly:
-                  deviceClassName: {DRIVER}
-                  selectors: [{{cel: {{expression: 'device.attributes["{DRIVER}"].index == 3'}}}}]
-              - name: nic
-                exactly: {{deviceClassName: {NIC_DRIVER}}}
-              constraints:
-              - matchAttribute: resource.kubernetes.io/pcieRoot
-        ---
-        apiVersion: v1
-        kind: Pod
-        metadata: {{name: gpu-nic}}
-        spec:
-          restartPolicy: Never
-          terminationGracePeriodSeconds: 0
-          resourceClaims:
-          - {{name: devices, resourceClaimTemplateName: gpu-nic}}
-          containers:
-          - name: probe
-            image: {rdma_image}
-            imagePullPolicy: Never
-            command: ["sh", "-c", {json.dumps(probe)}]
-            resources:
-              claims:
-              - name: devices
-        """,
+    gpu3 = f'device.attributes["{DRIVER}"].index == 3'
+    devices = (
+        f"{{requests: [{{name: gpu, exactly: {{deviceClassName: {DRIVER}, selectors: [{{cel: {{expression: "
+        f"{json.dumps(gpu3)}}}}}]}}}}, {{name: nic, exactly: {{deviceClassName: {NIC_DRIVER}}}}}], "
+        "constraints: [{matchAttribute: resource.kubernetes.io/pcieRoot}]}"
     )
+    apply(cluster, claim_pod("gpu-nic", probe=probe, devices=devices, image=rdma_image))
     try:
         wait("pod gpu-nic Running", lambda: phase(cluster, "gpu-nic") == "Running")
         wait("its output", lambda: "devices:" in cluster.kubectl("logs", "gpu-nic", check=False).stdout)
@@ -310,7 +280,7 @@ def test_a_claim_pairs_a_gpu_with_the_adapter_on_its_pcie_switch(cluster: Any, r
         assert listed == ["mlx5_3"], out
         assert verbs.split("devices:")[1].split() == ["issm3", "umad3", "uverbs3"], out
         assert re.search(
-            r"prepare default/gpu-nic-devices-\w+ \(uid [0-9a-f-]+\): mlx5-3 for request nic -> mokka.io/hca=mlx5_3$",
+            r"prepare default/gpu-nic-gpu-\w+ \(uid [0-9a-f-]+\): mlx5-3 for request nic -> mokka.io/hca=mlx5_3$",
             plugin_log(cluster),
             re.M,
         ), plugin_log(cluster)
