@@ -59,6 +59,12 @@ class NodeLayout:
     proc_hook: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def sysfs(self) -> Path:
+        """The node's sysfs: the tree staged under its root when there is one, else ``/sys``."""
+        staged = Path(self.root) / "sys"
+        return staged if (staged / "bus" / "pci" / "devices").is_dir() else Path("/sys")
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
 

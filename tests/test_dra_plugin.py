@@ -143,8 +143,14 @@ def test_memory_as_a_binary_quantity(n: int, text: str) -> None:
     assert resources.quantity(n) == text
 
 
+def gpu_slice(info: gpus.GpuInfo, owner_uid: str | None = None) -> dict[str, Any]:
+    """The slice the plugin publishes for ``info``'s GPUs (``Cluster.publish``)."""
+    inventory = resources.gpu_inventory(info, cdi_kind=KIND)
+    return resources.slice_of(list(inventory.devices), NODE, driver=inventory.driver, owner_uid=owner_uid)
+
+
 def test_slice_has_nvidias_names_and_types(staged: Staged, info: gpus.GpuInfo) -> None:
-    obj = resources.resource_slice(info, NODE, owner_uid="1234")
+    obj = gpu_slice(info, owner_uid="1234")
     spec = obj["spec"]
     assert (spec["driver"], spec["nodeName"], spec["pool"]) == (
         DRIVER,
@@ -189,7 +195,7 @@ def test_slice_has_nvidias_names_and_types(staged: Staged, info: gpus.GpuInfo) -
 
 def test_slice_and_device_class_pass_the_kubernetes_schema(info: gpus.GpuInfo) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    for obj in (resources.resource_slice(info, NODE), resources.device_class()):
+    for obj in (gpu_slice(info), resources.device_class()):
         obj = json.loads(json.dumps(obj))
         if "generateName" in obj["metadata"]:
             obj["metadata"]["name"] = obj["metadata"].pop("generateName") + "x"

@@ -98,9 +98,6 @@ class GpuInfo:
     gpus: tuple[Gpu, ...]
     lost: tuple[int, ...] = ()  # indices of GPUs NVML reports lost: not published
 
-    def by_device_name(self) -> dict[str, Gpu]:
-        return {g.device_name: g for g in self.gpus}
-
 
 def bus_id(nvml_bus_id: str) -> str:
     """go-nvlib's GetPCIBusID: lowercase, an 8-digit ``0000xxxx`` domain shortened to 4 digits."""

@@ -41,7 +41,7 @@ from .claims import Checkpoint, ClaimError, Claims, checkpoint_path
 from .cluster import Cluster, ClusterError, load_client
 from .resources import DEFAULT_DRIVER, Inventory, gpu_inventory, nic_inventory
 
-__all__ = ["GPUS", "NICS", "Config", "PluginError", "Running", "node_sysfs", "serve", "start"]
+__all__ = ["GPUS", "NICS", "Config", "PluginError", "Running", "serve", "start"]
 
 log = logging.getLogger("mokka.dra")
 
@@ -128,12 +128,6 @@ class Running:
             await server.wait_closed()
 
 
-def node_sysfs(layout: NodeLayout) -> Path:
-    """The node's sysfs: the tree staged under its root when there is one, else ``/sys``."""
-    staged = Path(layout.root) / "sys"
-    return staged if (staged / "bus" / "pci" / "devices").is_dir() else Path("/sys")
-
-
 def _inventory(config: Config) -> Inventory:
     try:
         layout = NodeLayout.load(config.root)
@@ -143,7 +137,7 @@ def _inventory(config: Config) -> Inventory:
         ) from None
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise PluginError(f"cannot read {config.root}/node.json: {exc}") from None
-    sysfs = config.sysfs or node_sysfs(layout)
+    sysfs = config.sysfs or layout.sysfs
     if config.devices == NICS:
         return nic_inventory(nics_mod.read(sysfs), driver=config.driver, cdi_kind=config.cdi_kind)
     try:

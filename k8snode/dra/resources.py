@@ -53,7 +53,6 @@ __all__ = [
     "nic_device_class",
     "nic_inventory",
     "quantity",
-    "resource_slice",
     "semver",
     "slice_of",
 ]
@@ -117,18 +116,6 @@ def device(gpu: Gpu, info: GpuInfo) -> Json:
         "attributes": attributes,
         "capacity": {"memory": {"value": quantity(gpu.memory_bytes)}},
     }
-
-
-def resource_slice(
-    info: GpuInfo, node: str, *, driver: str = DEFAULT_DRIVER, generation: int = 1, owner_uid: str | None = None
-) -> Json:
-    """The one ResourceSlice of ``node``'s pool (named after the node) holding every GPU.
-
-    With ``owner_uid`` (the Node's UID) the slice is owned by the Node, so deleting the Node
-    deletes it; the name is left to the server (``generateName``), as the kubelet plugin helper does.
-    """
-    devices = [device(g, info) for g in info.gpus]
-    return slice_of(devices, node, driver=driver, generation=generation, owner_uid=owner_uid)
 
 
 def slice_of(

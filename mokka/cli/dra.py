@@ -5,10 +5,26 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .root import KUBECONFIG_OPTION, fail, main
+
+if TYPE_CHECKING:
+    from gpumodel.nodelayout import NodeLayout
+
+
+def hca_cdi_spec(layout: NodeLayout, kind: str) -> dict[str, Any] | None:
+    """The CDI spec of the node's InfiniBand adapters as its sysfs lists them (what the DRA plugin's
+    NIC driver hands out), or None on a node without adapters; raises ``cdi.CdiError``."""
+    import cdi as cdi_pkg
+    from k8snode.dra import nics
+
+    adapters = nics.read(layout.sysfs)
+    if not adapters:
+        return None
+    return cdi_pkg.render_adapters(layout, [(a.name, a.device_nodes) for a in adapters], kind=kind)
 
 
 @main.command("dra-plugin")
@@ -105,7 +121,7 @@ def dra_plugin(
     from gpumodel import nodelayout
 
     try:
-        from k8snode.dra import api, cluster, nics, plugin  # noqa: F401 - api fails here without the bindings
+        from k8snode.dra import api, cluster, plugin  # noqa: F401 - api fails here without the bindings
     except ImportError as exc:  # the generated kubelet API bindings are missing
         fail(str(exc))
     logging.basicConfig(
@@ -126,10 +142,9 @@ def dra_plugin(
     try:
         spec = cdi_pkg.render(layout, kind=cdi_kind)
         specs.append((spec, cdi_dir / cdi_pkg.file_name(spec)))
-        adapters = nics.read(plugin.node_sysfs(layout)) if nic_driver_name else ()
-        if adapters:
-            spec = cdi_pkg.render_adapters(layout, [(a.name, a.device_nodes) for a in adapters], kind=nic_cdi_kind)
-            specs.append((spec, cdi_dir / cdi_pkg.file_name(spec)))
+        hca_spec = hca_cdi_spec(layout, nic_cdi_kind) if nic_driver_name else None
+        if hca_spec is not None:
+            specs.append((hca_spec, cdi_dir / cdi_pkg.file_name(hca_spec)))
     except cdi_pkg.CdiError as exc:
         fail(str(exc))
     for _, path in specs:
@@ -139,7 +154,7 @@ def dra_plugin(
                 "or drop --no-write-cdi-spec"
             )
     drivers = [(driver_name, plugin.GPUS, cdi_kind)] + (
-        [(nic_driver_name, plugin.NICS, nic_cdi_kind)] if adapters else []
+        [(nic_driver_name, plugin.NICS, nic_cdi_kind)] if hca_spec is not None else []
     )
     try:
         client = cluster.load_client(str(kubeconfig) if kubeconfig else None)

@@ -326,7 +326,8 @@ def cdi_generate(root: Path, out_dir: Path, kind: str, hca_kind: str, validate: 
     import cdi as cdi_pkg
     from fetch import cdi_schema
     from gpumodel import nodelayout
-    from k8snode.dra import nics, plugin
+
+    from .dra import hca_cdi_spec
 
     try:
         layout = nodelayout.NodeLayout.load(root)
@@ -344,9 +345,9 @@ def cdi_generate(root: Path, out_dir: Path, kind: str, hca_kind: str, validate: 
             fail(f"cannot read the MIG layout from {layout.state}: {getattr(exc, 'strerror', None) or exc}")
     try:
         specs = [cdi_pkg.render(layout, kind=kind, mig=mig)]
-        adapters = nics.read(plugin.node_sysfs(layout))
-        if adapters:
-            specs.append(cdi_pkg.render_adapters(layout, [(a.name, a.device_nodes) for a in adapters], kind=hca_kind))
+        hca_spec = hca_cdi_spec(layout, hca_kind)
+        if hca_spec is not None:
+            specs.append(hca_spec)
         if validate:
             for spec in specs:
                 cdi_pkg.validate(spec, cdi_schema.fetch_schema())
