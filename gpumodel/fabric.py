@@ -78,7 +78,7 @@ def switch_guid(role: str) -> int:
 
 
 def _switch_lid(index: int) -> int:
-    """LIDs from the top of the unicast range down (0 the spine's management port is not: it holds SM_LID)."""
+    """Leaf ``index``'s LID: from the top of the unicast range down (the spine holds SM_LID)."""
     return TOP_LID - index
 
 

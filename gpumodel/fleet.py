@@ -52,6 +52,11 @@ def gpu_identity(profile: str, node: str, index: int) -> tuple[str, str]:
     return "GPU-" + str(key), str(1650000000000 + key.int % 10**12)
 
 
+def adapter_guid(profile: str, node: str, index: int) -> int:
+    """The node GUID of InfiniBand adapter ``index`` of a node ``node`` of profile ``profile``."""
+    return derived_guid(f"{profile}:{node}", index)
+
+
 def as_node(profile: Profile, node: str) -> Profile:
     """``profile`` on node ``node`` of a fleet: its GPUs' UUIDs and serials, and its InfiniBand
     adapters' GUIDs, are this node's own."""
@@ -63,7 +68,7 @@ def as_node(profile: Profile, node: str) -> Profile:
     ib = profile.infiniband
     if ib is None or ib.guids:  # GUIDs the profile lists are the user's: kept
         return out
-    guids = [format_guid(derived_guid(f"{profile.name}:{node}", n)) for n in range(ib.count)]
+    guids = [format_guid(adapter_guid(profile.name, node, n)) for n in range(ib.count)]
     return out.model_copy(update={"infiniband": ib.model_copy(update={"guids": guids})})
 
 

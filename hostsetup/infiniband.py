@@ -275,23 +275,20 @@ def device_nodes(profile: Profile) -> list[tuple[str, int, int]]:
 def write_fabric(nodes: Sequence[tuple[str, Profile, Path]]) -> None:
     """The subnet of every node of a cluster (host name, profile as staged, staged root), written
     into each node's tree, with each adapter's node description ``<host> mlx5_N`` as rdma-ndd sets
-    it on a real host; links as the ports are now (see :func:`sync_fabric`)."""
-    for host, prof, root in nodes:
-        for hca in adapters(prof):
-            desc = root / "sys/class/infiniband" / hca.name / "node_desc"
-            if desc.exists():
-                write_value(desc, f"{host} {hca.name}")
+    it on a real host and each port's LID as the subnet manager gives it; links as the ports are
+    now (see :func:`sync_fabric`)."""
     subnet = fabric.subnet([(host, prof) for host, prof, _ in nodes])
     text = fabric.render(subnet)
-    for _, _, root in nodes:
+    lids = fabric.port_lids(subnet)  # the subnet manager's: two ports whose GUIDs hash alike get two
+    for host, prof, root in nodes:
         if (root / FABRIC).parent.is_dir():
             write_value(root / FABRIC, text.rstrip("\n"))
-    # The subnet manager's LIDs: a port whose hashed LID another port of the subnet holds gets another.
-    lids = fabric.port_lids(subnet)
-    for _, prof, root in nodes:
         for hca in adapters(prof):
+            dev = root / "sys/class/infiniband" / hca.name
+            if (dev / "node_desc").exists():
+                write_value(dev / "node_desc", f"{host} {hca.name}")
             for port in hca.ports:
-                pdir = root / "sys/class/infiniband" / hca.name / "ports" / str(port.number)
+                pdir = dev / "ports" / str(port.number)
                 lid = lids.get(port.guid)
                 if lid is not None and pdir.is_dir() and port_up(pdir):
                     write_value(pdir / "lid", f"0x{lid:x}")

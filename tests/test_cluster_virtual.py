@@ -19,7 +19,7 @@ import pytest
 from cluster_fixtures import start_cluster, wait_for
 
 from bench.virtual import gpu_deployment
-from gpumodel import fleet, infiniband
+from gpumodel import fleet
 from gpumodel.profile import format_guid
 from localcluster.addons import fgo
 from localcluster.addons.fgo import FgoSpec
@@ -302,7 +302,7 @@ def test_a_virtual_node_publishes_its_adapters_as_a_real_node_does(dra_cluster: 
             k: v for k, v in r["attributes"].items() if k not in own
         }
     guids = [d["attributes"]["nodeGUID"]["string"] for d in mine]
-    assert guids == [format_guid(infiniband.derived_guid("h100:virtual-h100-2-1", n)) for n in range(2)]
+    assert guids == [format_guid(fleet.adapter_guid("h100", "virtual-h100-2-1", n)) for n in range(2)]
     assert not set(guids) & {r["attributes"]["nodeGUID"]["string"] for r in real}
 
 

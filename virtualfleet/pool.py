@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpumodel import fleet, infiniband
+from gpumodel import fleet
 from gpumodel import profile as profiles
 
 from .faults import Health
@@ -194,11 +194,11 @@ class Pool:
 
     def nic_slice_devices(self, node: str) -> list[Json]:
         """The adapters of ``node`` as DRA devices: the pool's, with this node's own GUIDs (derived
-        from the node's name as on a fleet node, :func:`gpumodel.fleet.as_node`)."""
+        from the node's name as on a fleet node, :func:`gpumodel.fleet.adapter_guid`)."""
         out = []
         for n, template in enumerate(self.nic_devices):
             dev = json.loads(json.dumps(template))
-            guid = infiniband.derived_guid(f"{self.profile}:{node}", n)
+            guid = fleet.adapter_guid(self.profile, node, n)
             dev["attributes"]["nodeGUID"] = {"string": profiles.format_guid(guid)}
             out.append(dev)
         return out

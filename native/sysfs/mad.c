@@ -381,27 +381,27 @@ static int smp(const char *ca, int port, const uint8_t *mad, uint16_t dlid, uint
 /* A PerfMgmt MAD to `dlid` (its attribute into `d`, whose PortSelect names the port): 0, or the
  * MAD status; -1: nobody receives it. A Set (perfquery -r) is answered with the counters as they
  * stand: nothing is reset. */
-static int perf(const char *ca, int port, uint16_t attr, uint16_t dlid, uint8_t *d) {
+static int perf(const char *ca, int port, const uint8_t *mad, uint16_t dlid, uint8_t *d) {
+    uint16_t attr = get16(mad, 16);
     int select = d[1];
     struct fabric f = {0};
     struct counters c = {.ca = ca, .port = port};
     char other[24];
-    if (dlid != adapter_port_num(ca, port, "lid")) {
+    if (dlid != adapter_port_num(ca, port, "lid")) { /* routed through the fabric, as an SMP to a LID */
         fabric_load(&f);
-        const struct fport *t = adapter_port_up(ca, port) ? fabric_lid(&f, dlid) : NULL;
-        const struct fnode *x = t != NULL ? fabric_node(&f, t->node) : NULL;
-        int end;
-        const struct flink *l = x != NULL && !x->sw ? fabric_link(&f, x->guid, t->number, &end) : NULL;
-        if (x == NULL || (!x->sw && (l == NULL || !l->up))) {
+        int ingress;
+        uint64_t node = reached(&f, ca, port, adapter_guid(ca, "node_guid"), mad, dlid, &ingress);
+        const struct fnode *x = node != 0 ? fabric_node(&f, node) : NULL;
+        if (x == NULL) {
             fabric_free(&f);
             return -1;
         }
         if (x->sw)
             c = (struct counters){.port = select};
-        else if (own_adapter(x->guid, other, sizeof other))
-            c = (struct counters){.ca = other, .port = t->number};
+        else if (own_adapter(node, other, sizeof other))
+            c = (struct counters){.ca = other, .port = ingress};
         else
-            c = (struct counters){.f = &f, .node = x->guid, .port = t->number};
+            c = (struct counters){.f = &f, .node = node, .port = ingress};
     }
     memset(d, 0, MAD_SIZE - DATA);
     int status = 0;
@@ -419,7 +419,6 @@ static int perf(const char *ca, int port, uint16_t attr, uint16_t dlid, uint8_t 
 
 int mad_answer(const char *ca, int port, uint8_t *mad, uint16_t dlid) {
     uint8_t cls = mad[1], method = mad[3];
-    uint16_t attr = get16(mad, 16);
     uint8_t *d = mad + DATA;
     if (method != METHOD_GET && !(method == METHOD_SET && cls == CLASS_PERF))
         return 0;
@@ -429,7 +428,7 @@ int mad_answer(const char *ca, int port, uint8_t *mad, uint16_t dlid) {
         if (status < 0)
             return 0;
     } else if (cls == CLASS_PERF && dlid != 0) {
-        status = perf(ca, port, attr, dlid, d);
+        status = perf(ca, port, mad, dlid, d);
         if (status < 0)
             return 0;
     } else {
