@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 log = Logger("mokka.plugin")
 
+STOPPED_KEPT = 256  # containers remembered as stopped unlisted: a late start event is seconds at most
+
 
 class MokkaPlugin:
     """Decides at CreateContainer; lists GPU containers as processes from their start to their
@@ -74,6 +76,8 @@ class MokkaPlugin:
         self._stamp: tuple[int, int] | None = None
         self.layout: NodeLayout | None = None
         self._listed: dict[str, tuple[int, ...]] = {}  # container id -> PIDs listed as GPU processes
+        # Containers stopped before their start event came: a short-lived one's exit can overtake it.
+        self._stopped: dict[str, None] = {}  # insertion-ordered, the oldest dropped past STOPPED_KEPT
         self._recorder: Recorder | None = None
 
     # -- stub interface --
@@ -170,15 +174,28 @@ class MokkaPlugin:
                 log.error("GPU processes: %s: %s; using %d MiB", what, exc, mib)
             if mib == 0:
                 return  # mokka.io/gpu-memory: 0: not a GPU process
+            if c.container_id in self._stopped:
+                log.info("GPU processes: %s stopped before its start came: not listed", what)
+                return
             self._listed[c.container_id] = (c.pid,)
             order = {"gpus": gpus, "name": c.process_name(), "mib": mib}
             self._send("add", layout, what, [c.pid], order)
             return
         pids = set(self._listed.pop(c.container_id, ()))
+        self._note_stopped(event, c.container_id, listed=bool(pids))
         if c.pid and layout is not None and workloads.gpus_of(c, layout):
             pids.add(c.pid)  # a container started before this plugin process
         if pids and layout is not None:
             self._send("remove", layout, what, sorted(pids), {})
+
+    def _note_stopped(self, event: int, container_id: str, listed: bool) -> None:
+        """Remember a container stopped while unlisted, until it is removed (its start may follow)."""
+        if event == EVENTS["REMOVE_CONTAINER"]:
+            self._stopped.pop(container_id, None)
+        elif not listed:
+            self._stopped[container_id] = None
+            if len(self._stopped) > STOPPED_KEPT:
+                del self._stopped[next(iter(self._stopped))]
 
     def _send(self, op: str, layout: NodeLayout, what: str, pids: list[int], extra: dict[str, object]) -> None:
         if self._recorder is None:

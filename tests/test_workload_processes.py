@@ -332,6 +332,33 @@ def test_the_plugin_lists_a_started_container_until_it_stops(staged_root: Path) 
                 x._recorder.proc.wait(10)
 
 
+def test_a_container_stopped_before_its_start_event_is_not_listed(staged_root: Path) -> None:
+    """A short-lived container's exit can reach the plugin before its start does (containerd sends
+    StopContainer from its exit monitor, PostStartContainer from StartContainer, concurrently):
+    it is not listed as a process of a container that is gone."""
+    layout = nodelayout.NodeLayout.load(staged_root)
+    p = plugin.MokkaPlugin(staged_root)
+    pod = api.PodSandbox(id="p", name="quick")
+    c = api.Container(id="c1", name="main", pid=31337, args=["nvidia-smi"], env=["NVIDIA_VISIBLE_DEVICES=1"])
+    later = api.Container(id="c2", name="main", pid=31338, args=["sleep"], env=["NVIDIA_VISIBLE_DEVICES=1"])
+    try:
+        p.container_event(10, bytes(api.StopContainerRequest(pod=pod, container=api.Container(id="c1", name="main"))))
+        p.container_event(7, bytes(api.StateChangeEvent(event=7, pod=pod, container=c)))
+        p.container_event(7, bytes(api.StateChangeEvent(event=7, pod=pod, container=later)))
+        view = wait_view(layout, lambda v: bool(v[1]["procs"]))
+        assert [g["procs"] for g in view] == [[], [[31338, 1024, "sleep"]], [], []]  # c2 alone
+        p.container_event(11, bytes(api.StateChangeEvent(event=11, pod=pod, container=api.Container(id="c1"))))
+        assert "c1" not in p._stopped  # removed: forgotten
+        for n in range(plugin.STOPPED_KEPT + 10):
+            p.container_event(10, bytes(api.StopContainerRequest(pod=pod, container=api.Container(id=f"x{n}"))))
+        assert len(p._stopped) == plugin.STOPPED_KEPT
+    finally:
+        if p._recorder is not None:
+            p._recorder.close()
+            assert p._recorder.proc is not None
+            p._recorder.proc.wait(10)
+
+
 def test_a_broken_state_is_one_log_line(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """The helper logs what it cannot do and carries on; the plugin never raises."""
     r = tmp_path / "root"
