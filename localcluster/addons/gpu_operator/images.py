@@ -13,7 +13,8 @@ and the host's glibc where a program links it. Nothing of NVIDIA's images is cop
   DaemonSet points the exporter;
 - the MIG manager: ``nvidia-mig-manager``, ``nvidia-mig-parted`` and ``reconfigure-mig.sh`` (the
   user's, :data:`~. MIG_PARTED_ENV`), bash, kubectl and nvidia-ctk (the script's; nvidia-ctk the
-  toolkit's build, as NVIDIA's image has v1.17.8);
+  toolkit's build, as NVIDIA's image has v1.17.8), glibc (mig-parted resets GPUs whose MIG mode
+  change pends with the driver root's nvidia-smi);
 - NFD: master, worker and garbage collector built with NFD's ``/host-`` prefix;
 - the container toolkit: its installer ``nvidia-toolkit`` at ``/work`` (the name the operator's
   entrypoint runs) and what it installs from ``/usr/bin`` (nvidia-ctk, the CDI hook, the runtimes),
@@ -152,7 +153,8 @@ def _device_plugin(build: Path, root: Path, cache: Path) -> dict[str, Any]:
 def mig_manager(inp: Inputs, root: Path) -> dict[str, Any]:
     ctk = inp.toolkit / "nvidia-ctk"  # with CDI the script makes the management spec with it
     programs = [inp.mig_manager["nvidia-mig-manager"], inp.mig_manager["nvidia-mig-parted"], ctk]
-    oci.make_rootfs(root, programs=[BASH, *programs], cache=inp.cache)
+    # glibc for the driver's nvidia-smi too: mig-parted runs `nvidia-smi -r` when a mode change pends
+    oci.make_rootfs(root, programs=[BASH, inp.nvidia_smi, *programs], cache=inp.cache)
     _with_bash(root)
     for name, path in inp.mig_manager.items():
         _copy(path, root, f"/usr/bin/{name}")
