@@ -108,8 +108,12 @@ def test_pending_gpu_pods_get_nodes_of_their_pools_and_consolidation_removes_the
         assert rows["h100"][2:] == ["0", "0", "0", "8", "1"], status.stdout  # its own nodes 0, Karpenter's 1
         assert rows["t4-1"][-1] == "1", status.stdout
     finally:
-        for name in names:
-            core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        for name in names:  # one may be gone already (see placed): the failure above is the news
+            try:
+                core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+            except client.exceptions.ApiException as exc:
+                if exc.status != 404:
+                    raise
     wait_for("consolidation removing the nodes", lambda: not nodes(cluster, "karpenter.sh/nodepool"), 240)
     for pool in POOLS:
         wait_for(f"pool {pool} empty again", lambda pool=pool: pool_status(cluster, pool).get("adoptedNodes") == 0, 60)
