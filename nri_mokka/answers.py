@@ -1,10 +1,10 @@
 """Answers to CreateContainer, encoded once per distinct input and reused.
 
-A node sees few distinct decisions (one per GPU set, per namespace rule), and encoding a
-ContainerAdjustment (betterproto) costs far more than looking one up. ``Answers.get`` keys
-on what a decision and its rendering depend on (``request.Key``), asks ``decision.decide``
-on a miss, renders the edits as NRI's ContainerAdjustment (the CDI generator renders the
-same edits) and keeps the encoded bytes. A new node layout, MIG layout or configuration
+A node sees few distinct decisions (one per GPU set, per namespace rule), and deciding and
+encoding a ContainerAdjustment costs far more than looking one up. ``Answers.get`` keys on what
+a decision and its rendering depend on (``request.Key``), asks ``decision.decide`` on a miss,
+renders the edits as NRI's ContainerAdjustment (``reply``; the CDI generator renders the same
+edits) and keeps the encoded bytes. A new node layout, MIG layout or configuration
 starts afresh.
 """
 
@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gpumodel.edits import ContainerEdits, Hook
 from gpumodel.mig_devices import GpuMig
 from gpumodel.nodelayout import NodeLayout
-from nri_mokka import decision, request
-from nri_mokka.nri._pb.nri.pkg.api import v1alpha1 as api
+from nri_mokka import decision, reply, request
 
-__all__ = ["MAX_ENTRIES", "Answer", "Answers", "render", "render_cdi"]
+__all__ = ["MAX_ENTRIES", "Answer", "Answers"]
 
 MAX_ENTRIES = 4096  # distinct inputs kept; the cache starts afresh beyond that
 
@@ -32,45 +30,6 @@ class Answer:
         self.reply = reply
         self.text = text
         self.error = error
-
-
-def render(edits: ContainerEdits, preload: str = "") -> api.ContainerAdjustment:
-    """The edits as an NRI ContainerAdjustment; ``preload`` is the container's own LD_PRELOAD."""
-    env = []
-    for key, value in edits.env_dict().items():
-        if key == "LD_PRELOAD" and preload:
-            value = f"{value}:{preload}"  # keep what the image preloads
-        env.append(api.KeyValue(key=key, value=value))
-    mounts = [
-        api.Mount(destination=m.container_path, type="bind", source=m.host_path, options=list(m.options))
-        for m in edits.mounts
-    ]
-    devices = [
-        api.LinuxDevice(
-            path=d.path, type=d.type, major=d.major, minor=d.minor, file_mode=api.OptionalFileMode(value=d.file_mode)
-        )
-        for d in edits.device_nodes
-    ]
-    adjust = api.ContainerAdjustment(env=env, mounts=mounts)
-    if devices:
-        adjust.linux = api.LinuxContainerAdjustment(devices=devices)
-    if edits.hooks:
-        adjust.hooks = _hooks(edits.hooks)
-    return adjust
-
-
-def render_cdi(names: tuple[str, ...], hooks: tuple[Hook, ...] = ()) -> api.ContainerAdjustment:
-    """GPUs as CDI device references: the runtime resolves them against the CDI spec
-    (`mokka cdi generate`), which carries the same edits; ``hooks``, which no device's spec
-    carries, beside them."""
-    adjust = api.ContainerAdjustment(cdi_devices=[api.CdiDevice(name=n) for n in names])
-    if hooks:
-        adjust.hooks = _hooks(hooks)
-    return adjust
-
-
-def _hooks(hooks: tuple[Hook, ...]) -> api.Hooks:
-    return api.Hooks(create_container=[api.Hook(path=h.path, args=list(h.args)) for h in hooks])
 
 
 def runtime_takes_cdi(runtime_name: str, runtime_version: str) -> bool:
@@ -119,17 +78,17 @@ class Answers:
             return Answer(b"", d.describe(), None)
         if d.cdi_devices and self.runtime_cdi:
             hooks = d.edits.hooks
-            reply = self._encode(("cdi", d.cdi_devices, hooks), lambda: render_cdi(d.cdi_devices, hooks))
+            data = self._encode(("cdi", d.cdi_devices, hooks), lambda: reply.cdi_adjustment(d.cdi_devices, hooks))
         else:
             edits = d.edits
             preload = dict(key[3]).get("LD_PRELOAD", "")
-            reply = self._encode(("edits", edits, preload), lambda: render(edits, preload))
-        return Answer(reply, d.describe(), None)
+            data = self._encode(("edits", edits, preload), lambda: reply.adjustment(edits, preload))
+        return Answer(data, d.describe(), None)
 
-    def _encode(self, what: tuple[object, ...], build: Callable[[], api.ContainerAdjustment]) -> bytes:
+    def _encode(self, what: tuple[object, ...], build: Callable[[], bytes]) -> bytes:
         data = self._encoded.get(what)
         if data is None:
-            data = bytes(api.CreateContainerResponse(adjust=build()))
+            data = reply.response(build())
             if len(self._encoded) >= MAX_ENTRIES:
                 self._encoded.clear()
             self._encoded[what] = data

@@ -3,7 +3,8 @@
 Three layers, kept apart: the stub (``nri.stub``: socket, mux, ttrpc, registration)
 hands ``MokkaPlugin.create_container`` a request's raw bytes; this reads the few fields
 a decision depends on (``request``), and answers with bytes encoded once per distinct
-input (``answers``, which asks the pure ``decision.decide``). A container that did not ask
+input (``answers``, which asks the pure ``decision.decide``; ``reply`` writes them on the
+wire: the plugin process never loads betterproto). A container that did not ask
 for GPUs is never failed: an internal error yields no changes and a log line. A container
 that asked for GPUs the node lacks is refused (``PluginError``). One log line per decision.
 
@@ -13,7 +14,7 @@ once and handled after; they never fail or hold up a container.
 
 The process starts light so that it registers within milliseconds: ``warm_up``, run by the
 stub once registration is done (or by the first request, if that comes sooner), imports
-betterproto and the decision and loads the node layout.
+the decision and loads the node layout.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class MokkaPlugin:
         """Import what answering needs, load the layout and encode the most common answer."""
         if self.warm:
             return
-        from nri_mokka import answers  # noqa: F401  (betterproto, the decision, gpumodel)
+        from nri_mokka import answers  # noqa: F401  (the decision, gpumodel)
         from nri_mokka.request import CreateRequest
 
         self._read = CreateRequest

@@ -271,7 +271,8 @@ def test_the_mig_configuration_capability_brings_the_nodes_proc_modules(layout: 
     writable; a node staged without the hook, no hook; rendered as NRI's create_container hook."""
     from dataclasses import replace
 
-    from nri_mokka.answers import render
+    from nri_mokka import reply
+    from nri_mokka.nri._pb.nri.pkg.api import v1alpha1 as api
 
     hooked = replace(layout, proc_hook="/var/lib/mokka/lib/mokka-proc-hook")
     external = Config(allocator="external")
@@ -285,7 +286,7 @@ def test_the_mig_configuration_capability_brings_the_nodes_proc_modules(layout: 
     library = [m for m in d.edits.mounts if m.host_path == hooked.state]
     assert len(library) == 2 and all(m.options == edits.WRITABLE for m in library)  # .so.1 and .so.<version>
     assert all(m.options == edits.READ_ONLY for m in d.edits.mounts if m.host_path != hooked.state)
-    adjust = render(d.edits)
+    adjust = api.ContainerAdjustment().parse(reply.adjustment(d.edits))
     assert [(h.path, h.args) for h in adjust.hooks.create_container] == [(hooked.proc_hook, list(args))]
     assert decide(ctr(env=env), hooked, Config()).edits.hooks  # Mokka allocating: the same  # type: ignore[union-attr]
     driver_only = (edits.Hook(hooked.proc_hook, args[:3]),)  # every GPU container: the driver's procfs

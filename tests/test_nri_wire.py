@@ -28,7 +28,8 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message as PbMessage
 
 from fetch import debcache
-from nri_mokka import decision, request
+from gpumodel import edits
+from nri_mokka import decision, reply, request
 from nri_mokka.nri import gen, mux, stub, ttrpc, wire
 from nri_mokka.nri._pb import ttrpc as pb_ttrpc
 from nri_mokka.nri._pb.nri.pkg.api import v1alpha1 as pb_api
@@ -400,12 +401,12 @@ def test_method_tables_match_the_official_services(protos: Protos) -> None:
     package = "nri.pkg.api.v1alpha1"
     for service, table in ((stub.PLUGIN_SERVICE, stub.PLUGIN_METHODS), (stub.RUNTIME_SERVICE, stub.RUNTIME_METHODS)):
         official = protos.official.FindServiceByName(service)
-        for method, (argument, reply) in table.items():
+        for method, (argument, answer) in table.items():
             off = official.methods_by_name[method]
             assert off.input_type.full_name == f"{package}.{argument}", method
-            assert off.output_type.full_name == f"{package}.{reply}", method
+            assert off.output_type.full_name == f"{package}.{answer}", method
             assert protos.ours.FindMessageTypeByName(f"{package}.{argument}")
-            assert protos.ours.FindMessageTypeByName(f"{package}.{reply}")
+            assert protos.ours.FindMessageTypeByName(f"{package}.{answer}")
 
 
 def test_request_reader_field_numbers(protos: Protos) -> None:
@@ -435,6 +436,106 @@ def test_request_reader_field_numbers(protos: Protos) -> None:
             request.MAP_KEY,
             request.MAP_VALUE,
         )
+
+
+def test_reply_field_numbers(protos: Protos) -> None:
+    """The numbers reply.py writes by, against Mokka's proto and the official one."""
+    package = "nri.pkg.api.v1alpha1"
+    fields = {
+        ("CreateContainerResponse", "adjust"): reply.RESPONSE_ADJUST,
+        ("ContainerAdjustment", "mounts"): reply.ADJUST_MOUNTS,
+        ("ContainerAdjustment", "env"): reply.ADJUST_ENV,
+        ("ContainerAdjustment", "hooks"): reply.ADJUST_HOOKS,
+        ("ContainerAdjustment", "linux"): reply.ADJUST_LINUX,
+        ("ContainerAdjustment", "CDI_devices"): reply.ADJUST_CDI_DEVICES,
+        ("KeyValue", "key"): reply.KEY,
+        ("KeyValue", "value"): reply.VALUE,
+        ("Mount", "destination"): reply.MOUNT_DESTINATION,
+        ("Mount", "type"): reply.MOUNT_TYPE,
+        ("Mount", "source"): reply.MOUNT_SOURCE,
+        ("Mount", "options"): reply.MOUNT_OPTIONS,
+        ("Hooks", "create_container"): reply.HOOKS_CREATE_CONTAINER,
+        ("Hook", "path"): reply.HOOK_PATH,
+        ("Hook", "args"): reply.HOOK_ARGS,
+        ("LinuxContainerAdjustment", "devices"): reply.LINUX_DEVICES,
+        ("LinuxDevice", "path"): reply.DEVICE_PATH,
+        ("LinuxDevice", "type"): reply.DEVICE_TYPE,
+        ("LinuxDevice", "major"): reply.DEVICE_MAJOR,
+        ("LinuxDevice", "minor"): reply.DEVICE_MINOR,
+        ("LinuxDevice", "file_mode"): reply.DEVICE_FILE_MODE,
+        ("OptionalFileMode", "value"): reply.FILE_MODE_VALUE,
+        ("CDIDevice", "name"): reply.CDI_NAME,
+    }
+    for pool in (protos.ours, protos.official):
+        for (message, field), number in fields.items():
+            added = {f"{package}.{message}.{field}", f"{package}.{message}"} & ADDED_AFTER_0_6
+            if pool is protos.official and protos.version == "0.6.1" and added:
+                continue  # CDI references: NRI 0.7 and later
+            assert pool.FindMessageTypeByName(f"{package}.{message}").fields_by_name[field].number == number
+
+
+def _betterproto_adjustment(e: edits.ContainerEdits, preload: str) -> pb_api.ContainerAdjustment:
+    """The same adjustment built as betterproto messages: what reply.adjustment must equal."""
+    env = [
+        pb_api.KeyValue(key=k, value=f"{v}:{preload}" if k == "LD_PRELOAD" and preload else v)
+        for k, v in e.env_dict().items()
+    ]
+    mounts = [
+        pb_api.Mount(destination=m.container_path, type="bind", source=m.host_path, options=list(m.options))
+        for m in e.mounts
+    ]
+    adjust = pb_api.ContainerAdjustment(env=env, mounts=mounts)
+    if e.device_nodes:
+        adjust.linux = pb_api.LinuxContainerAdjustment(
+            devices=[
+                pb_api.LinuxDevice(
+                    path=d.path, type=d.type, major=d.major, minor=d.minor,
+                    file_mode=pb_api.OptionalFileMode(value=d.file_mode),
+                )
+                for d in e.device_nodes
+            ]
+        )  # fmt: skip
+    if e.hooks:
+        adjust.hooks = pb_api.Hooks(create_container=[pb_api.Hook(path=h.path, args=list(h.args)) for h in e.hooks])
+    return adjust
+
+
+def test_replies_are_the_bytes_betterproto_writes() -> None:
+    """Over random edits (the node's mounts, environment, device nodes and hooks, with and
+    without the container's own LD_PRELOAD, large minors, empty options and arguments) and CDI
+    references, reply's bytes equal betterproto's encoding of the same adjustment, and decode
+    back to it."""
+    rng = random.Random(11)
+    paths = ["/usr/bin/nvidia-smi", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/proc/driver/nvidia/é"]
+    for _ in range(200):
+        e = edits.ContainerEdits(
+            env=tuple(rng.sample(["NVIDIA_VISIBLE_DEVICES=0,3", "LD_PRELOAD=/usr/lib/mokka/x.so", "A=", "B=c=d"], 3)),
+            device_nodes=tuple(
+                edits.DeviceNode(f"/dev/nvidia{i}", rng.choice([0, 195, 511]), rng.choice([0, 7, 255, 1 << 20]), "/h",
+                                 file_mode=rng.choice([0o666, 0o600, 0]))
+                for i in range(rng.randint(0, 9))
+            ),
+            mounts=tuple(
+                edits.Mount(f"/host{p}", p, rng.choice([edits.READ_ONLY, edits.WRITABLE, ()]))
+                for p in rng.sample(paths, rng.randint(0, 3))
+            ),
+            hooks=tuple(
+                edits.Hook(f"/hook{i}", tuple(rng.sample(["x", "", "--driver", "/d"], i)))
+                for i in range(rng.randint(0, 2))
+            ),
+        )  # fmt: skip
+        preload = rng.choice(["", "/opt/own.so"])
+        expected = _betterproto_adjustment(e, preload)
+        written = reply.adjustment(e, preload)
+        assert written == bytes(expected)
+        assert pb_api.ContainerAdjustment().parse(written) == expected
+        assert reply.response(written) == bytes(pb_api.CreateContainerResponse(adjust=expected))
+    hooks = (edits.Hook("/var/lib/mokka/lib/mokka-proc-hook", ("mokka-proc-hook", "--driver", "/p")),)
+    for names, h in [(("nvidia.com/gpu=0", "nvidia.com/gpu=all"), ()), (("mokka.io/hca=mlx5-3",), hooks)]:
+        expected = pb_api.ContainerAdjustment(cdi_devices=[pb_api.CdiDevice(name=n) for n in names])
+        if h:
+            expected.hooks = pb_api.Hooks(create_container=[pb_api.Hook(path=x.path, args=list(x.args)) for x in h])
+        assert reply.cdi_adjustment(names, h) == bytes(expected)
 
 
 # Values: a distinctive value for every field, from the field's number and depth.

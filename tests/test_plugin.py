@@ -14,7 +14,7 @@ import pytest
 
 from gpumodel import edits, nodelayout, profile
 from hostsetup import node
-from nri_mokka import answers, decision, plugin
+from nri_mokka import answers, decision, plugin, reply
 from nri_mokka.health import Health, listen
 from nri_mokka.nri import loop as poll_loop
 from nri_mokka.nri._pb.nri.pkg.api import v1alpha1 as api
@@ -59,9 +59,7 @@ def test_default_adjustment(root: Path) -> None:
     assert all(d.file_mode.value == 0o666 for d in adj.linux.devices)
     assert [(m.source, m.destination) for m in adj.mounts] == [(m.host_path, m.container_path) for m in expected.mounts]
     assert all(m.options == ["ro", "nosuid", "nodev", "bind"] for m in adj.mounts)
-    assert bytes(api.CreateContainerResponse(adjust=answers.render(expected))) == bytes(
-        api.CreateContainerResponse(adjust=adj)
-    )
+    assert reply.response(reply.adjustment(expected)) == bytes(api.CreateContainerResponse(adjust=adj))
 
 
 def test_answers_are_encoded_once_per_distinct_input(root: Path) -> None:
@@ -142,8 +140,8 @@ def test_without_layout_everything_passes(tmp_path: Path) -> None:
 
 
 def test_registers_before_importing_the_heavy_parts(root: Path) -> None:
-    """Nothing of betterproto, the decision or gpumodel is loaded until warm_up; click, pydantic
-    and cffi never."""
+    """Nothing of the decision or gpumodel is loaded until warm_up; betterproto (grpclib,
+    asyncio, ssl: answers are written on the wire by ``reply``), click, pydantic and cffi never."""
     code = (
         "import sys\n"
         "from nri_mokka import main, plugin, service, supervisor, health\n"
@@ -154,7 +152,8 @@ def test_registers_before_importing_the_heavy_parts(root: Path) -> None:
         "p.warm_up()\n"
         "print(p.answers is not None)\n"
         "tops = {m.split('.')[0] for m in sys.modules}\n"
-        "print(sorted(tops & {'click', 'pydantic', 'cffi', 'mokka', 'fetch', 'containers', 'bench'}))\n"
+        "heavy = {'click', 'pydantic', 'cffi', 'mokka', 'fetch', 'containers', 'bench'}\n"
+        "print(sorted(tops & (heavy | {'betterproto', 'grpclib', 'asyncio', 'ssl', 'dateutil'})))\n"
     )
     import subprocess
     import sys
