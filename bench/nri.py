@@ -5,7 +5,9 @@ Per containerd version (1.7 and 2.1 by default), on a tmpfs:
 * interleaved rounds of CRI CreateContainer: no plugin; the same edits applied by containerd
   from the CDI spec (no plugin: what applying them costs containerd); the plugin (started for
   the round, under its supervisor, measured once warm); optionally an earlier implementation
-  (``--previous CHECKOUT``: ``mokka nri-plugin`` of another checkout, with its .venv)
+  (``--previous CHECKOUT``: ``mokka nri-plugin`` of another checkout, with its .venv); upstream
+  Mokka's Go plugin (``--peer DIR``: ``bench.nri_peer``), plainly and with its device opt-in
+* containerd's own CPU time per container (create and remove) on every side
 * the plugin's CPU time per container, its own handling time (median, p99), its RSS and that
   of its supervisor, and the start of a fresh process until registered
 * a killed and a stopped plugin process: how long until a replacement has registered
@@ -40,8 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from bench import nri_peer
 from containers import images, sandbox
 from containers.plugin_process import PluginProcess
+from fetch import debcache
 
 TARGETS = {
     "cpu_ms": 0.5,
@@ -71,6 +75,9 @@ class Figures:
     uss_mib: float = 0.0  # the plugin process's own memory, not shared with its supervisor
     previous_cpu_ms: list[float] = field(default_factory=list)
     previous_rss_mib: float = 0.0
+    peer_cpu_ms: dict[str, list[float]] = field(default_factory=dict)  # side -> per round
+    peer_rss_mib: float = 0.0
+    containerd_cpu_ms: dict[str, list[float]] = field(default_factory=dict)  # side -> per round, per container
     start_ms: list[float] = field(default_factory=list)  # process spawned -> registered and synchronized
     python_ms: list[float] = field(default_factory=list)  # `python -c pass`: the interpreter's own start
     python_bare_ms: list[float] = field(default_factory=list)  # `python -S -c pass`: without site
@@ -99,14 +106,23 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """CPU seconds a live process has run so far, all its threads (0 once gone).
+    """CPU seconds a live process has run so far, all its live threads (0 once gone).
 
-    From /proc/PID/schedstat (nanoseconds): /proc/PID/stat counts clock ticks of 10 ms, too
-    coarse for a fraction of a millisecond per container."""
+    From each thread's /proc/PID/task/TID/schedstat (nanoseconds): /proc/PID/stat counts clock
+    ticks of 10 ms, too coarse for a fraction of a millisecond per container, and
+    /proc/PID/schedstat is the main thread's alone (a Go program, containerd or the peer, works
+    on others)."""
+    total = 0
     try:
-        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return 0.0
+    for tid in tasks:
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
 
 
 def _settle(pid: int, quiet: float = 0.1, timeout: float = 10) -> None:
@@ -147,12 +163,14 @@ def run(
     sync_containers: int = 500,
     kills: int = 5,
     previous: str | None = None,
+    peer: Path | None = None,
     py_spy: Path | None = None,
     seed: int | None = None,
 ) -> list[Figures]:
     _compile_bytecode(Path(__file__).resolve().parent.parent, *([Path(previous)] if previous else []))
     load_before = os.getloadavg()
     results = []
+    program = nri_peer.binary(peer, debcache.default_cache()) if peer is not None else None
     for version in versions:
         results.append(
             _one_version(
@@ -165,11 +183,12 @@ def run(
                 sync_containers=sync_containers,
                 kills=kills,
                 previous=previous,
+                peer=program,
                 py_spy=py_spy,
                 rng=random.Random(seed),
             )
         )
-    _report(results, rounds, per_round, load_before, os.getloadavg(), previous is not None)
+    _report(results, rounds, per_round, load_before, os.getloadavg(), previous is not None, peer is not None)
     return results
 
 
@@ -196,6 +215,7 @@ def _one_version(
     sync_containers: int,
     kills: int,
     previous: str | None,
+    peer: Path | None,
     py_spy: Path | None,
     rng: random.Random,
 ) -> Figures:
@@ -223,6 +243,10 @@ def _one_version(
             pod = box.run_pod("bench")
 
             opted_out = box.run_pod("bench-opted-out", annotations={"mokka.io/inject": "false"})
+            peer_devices = box.run_pod("bench-peer-devices", annotations={nri_peer.DEVICES_ANNOTATION: "true"})
+            overlay = tmp / "nvml-mock"
+            if peer is not None:
+                nri_peer.stage_overlay(layout, overlay)
 
             def create(in_pod: str = pod, **kw: object) -> float:
                 t = time.perf_counter()
@@ -263,21 +287,46 @@ def _one_version(
                 sides.append(("plugin --cdi-devices", create, ("--cdi-devices",)))
             if previous:
                 sides.append(("previous plugin", create, ("previous",)))
+            if peer is not None:
+                sides.append(("Go peer", create, ("peer",)))
+                sides.append(("Go peer, device opt-in", lambda: create(peer_devices), ("peer",)))
+
+            def start_peer() -> nri_peer.Peer:
+                assert peer is not None
+                running = nri_peer.Peer(peer, box.nri_socket, overlay, plugin_log)
+
+                def env_of_a_new_container() -> list[str]:
+                    cid = box.create_container(pod, images.WORKLOAD_IMAGE, ["sleep", "1"])
+                    env = box.container_info(cid)["runtimeSpec"].get("process", {}).get("env", [])
+                    box.remove_container(cid)
+                    return list(env)
+
+                running.wait_injecting(env_of_a_new_container)
+                return running
+
             create()  # the first create of a pod pays extra: not measured
             create(opted_out)
+            create(peer_devices)
             for r in range(rounds):
                 order = sides[r % len(sides) :] + sides[: r % len(sides)]
                 print(f"{version} round {r + 1}/{rounds}: {per_round} creates per side", flush=True)
                 for name, do, args in order:
                     proc = None
-                    if args == ("previous",):
+                    go: nri_peer.Peer | None = None
+                    if args == ("peer",):
+                        go = start_peer()
+                        cpu0 = _cpu_seconds(go.pid)
+                    elif args == ("previous",):
                         proc = start_previous()
                         cpu0 = _cpu_seconds(proc.pid)
                     elif args is not None:
                         proc = start_plugin(*args)
                         child = proc.plugin_pid()
                         cpu0, sup0 = _cpu_seconds(child), _cpu_seconds(proc.pid)
+                    server0 = _cpu_seconds(box.pid)
                     times = [do() for _ in range(per_round)]
+                    server_ms = (_cpu_seconds(box.pid) - server0) / per_round * 1000
+                    fig.containerd_cpu_ms.setdefault(name, []).append(server_ms)
                     fig.creates.setdefault(name, []).extend(times)
                     fig.round_medians.setdefault(name, []).append(_median(times))
                     if proc is not None and name == "plugin":
@@ -294,6 +343,10 @@ def _one_version(
                     elif proc is not None and name == "previous plugin":
                         fig.previous_cpu_ms.append((_cpu_seconds(proc.pid) - cpu0) / per_round * 1000)
                         fig.previous_rss_mib = max(fig.previous_rss_mib, _memory_mib(proc.pid)[0])
+                    if go is not None:
+                        fig.peer_cpu_ms.setdefault(name, []).append((_cpu_seconds(go.pid) - cpu0) / per_round * 1000)
+                        fig.peer_rss_mib = max(fig.peer_rss_mib, _memory_mib(go.pid)[0])
+                        go.stop()
                     if proc is not None:
                         proc.stop()
 
@@ -328,6 +381,7 @@ def _one_version(
                 _synchronize(box, fig, root, plugin_log, sync_containers)
             box.remove_pod(pod)
             box.remove_pod(opted_out)
+            box.remove_pod(peer_devices)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return fig
@@ -476,6 +530,7 @@ def _report(
     load_before: tuple[float, float, float],
     load_after: tuple[float, float, float],
     previous: bool,
+    peer: bool = False,
 ) -> None:
     ms = 1000.0
     cols = [f"{f.version} ({f.server})" for f in results]
@@ -497,7 +552,9 @@ def _report(
         return _median(f.creates.get(side, [])) * ms
 
     sides = ["no plugin", "CDI edits, no plugin", "plugin", "plugin, opted-out pod", "plugin --cdi-devices"]
-    for side in [*sides, *(["previous plugin"] if previous else [])]:
+    sides += ["previous plugin"] if previous else []
+    peers = ["Go peer", "Go peer, device opt-in"] if peer else []
+    for side in [*sides, *peers]:
         row(f"CreateContainer median, {side} (ms)", [med(f, side) for f in results])
     row(
         "  added by the plugin, median (ms)",
@@ -517,6 +574,8 @@ def _report(
             "  added by the previous plugin, median (ms)",
             [med(f, "previous plugin") - med(f, "no plugin") for f in results],
         )
+    for side in peers:
+        row(f"  added by the {side}, median (ms)", [med(f, side) - med(f, "no plugin") for f in results])
     print("  per round, plugin - no plugin (ms):")
     for f in results:
         diffs = [
@@ -534,6 +593,11 @@ def _report(
     row("  supervisor CPU per container (ms)", [_median(f.supervisor_cpu_ms) for f in results], "{:.3f}")
     if previous:
         row("  previous plugin CPU per container (ms)", [_median(f.previous_cpu_ms) for f in results], "{:.3f}")
+    for side in peers:
+        row(f"  {side} CPU per container (ms)", [_median(f.peer_cpu_ms.get(side, [])) for f in results], "{:.3f}")
+    print("containerd's own CPU per container, create and remove (ms), median of rounds:")
+    for side in [*sides, *peers]:
+        row(f"  {side}", [_median(f.containerd_cpu_ms.get(side, [])) for f in results], "{:.2f}")
     row("plugin handling median (ms)", [_median(f.handling_median_ms) for f in results], "{:.3f}")
     row(
         "plugin handling p99 (ms), worst round",
@@ -546,6 +610,8 @@ def _report(
     row("  supervisor RSS (MiB)", [f.supervisor_rss_mib for f in results], "{:.1f}")
     if previous:
         row("  previous plugin RSS (MiB)", [f.previous_rss_mib for f in results], "{:.1f}")
+    if peer:
+        row("  Go peer RSS (MiB)", [f.peer_rss_mib for f in results], "{:.1f}")
     row("start -> registered (ms), median", [_median(f.start_ms) for f in results], "{:.1f}", TARGETS["start_ms"])
     row("start -> registered (ms), max", [max(f.start_ms, default=float("nan")) for f in results], "{:.1f}")
     row("  python -c pass (ms), median: interpreter and site", [_median(f.python_ms) for f in results], "{:.1f}")

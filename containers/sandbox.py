@@ -123,6 +123,11 @@ class Sandbox:
             if len(str(sock)) + len(".ttrpc") > MAX_SOCKET_PATH:
                 raise SandboxError(f"socket path {sock} is too long for a unix socket; choose a shorter base")
 
+    @property
+    def pid(self) -> int:
+        """The running containerd's process id (0 while none runs)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else 0
+
     # -- life cycle --
 
     def __enter__(self) -> Sandbox:

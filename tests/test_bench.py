@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fetch import dcgm_exporter
+from fetch import dcgm_exporter, thirdparty
 
 pytestmark = [pytest.mark.slow, pytest.mark.consumers]
 
@@ -49,11 +49,16 @@ def test_bench_host_setup() -> None:
 def test_bench_nri() -> None:
     if os.geteuid() != 0:
         pytest.skip("starts a private containerd: needs root")
+    peer = thirdparty.directory("MOKKA_NRI_PEER_DIR", "nvml-mock-nri")  # upstream's Go plugin, where it is
     out = bench(
         "nri", "--containerd", "2.1", "--rounds", "1", "--creates", "3", "--restarts", "1", "--kills", "1",
-        "--sync-containers", "3", "--chaos", "--chaos-creates", "5",
+        "--sync-containers", "3", "--chaos", "--chaos-creates", "5", *(["--peer", str(peer)] if peer else []),
     )  # fmt: skip
+    if peer:
+        for figure in ("added by the Go peer, device opt-in", "Go peer CPU per container", "Go peer RSS"):
+            assert figure in out, out
     for figure in (
+        "containerd's own CPU per container",
         "CreateContainer median, no plugin",
         "CreateContainer median, CDI edits, no plugin",
         "added by the plugin, median",

@@ -109,6 +109,14 @@ def bench_dcgm(profile_name: str, rounds: int) -> None:
     help="Also time an earlier implementation: `mokka nri-plugin` of this checkout (with its .venv, else this one's).",
 )
 @click.option(
+    "--peer",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Also time upstream Mokka's Go NRI plugin: a directory holding NVIDIA's nvml-mock-nri, plain or .xz "
+    "(e.g. ../shared/thirdparty/nvml-mock-nri), plainly and with its device opt-in annotation (the node's "
+    "/dev/nvidia* nodes, as this plugin injects them).",
+)
+@click.option(
     "--py-spy",
     "py_spy",
     type=click.Path(file_okay=False, path_type=Path),
@@ -126,24 +134,31 @@ def bench_nri(
     chaos_creates: int,
     seed: int | None,
     previous: str | None,
+    peer: Path | None,
     py_spy: Path | None,
 ) -> None:
-    """The NRI plugin on private containerds (root): CreateContainer cost, CPU, RSS, start, restarts, chaos."""
+    """The NRI plugin on private containerds (root): CreateContainer cost, CPU (the plugin's and
+    containerd's), RSS, start, restarts, chaos; beside upstream's Go plugin with --peer."""
     from bench import nri as bench_nri
+    from bench import nri_peer
 
-    bench_nri.run(
-        list(dict.fromkeys(versions)),
-        rounds,
-        creates,
-        restarts,
-        chaos=chaos,
-        chaos_creates=chaos_creates,
-        sync_containers=sync_containers,
-        kills=kills,
-        previous=previous,
-        py_spy=py_spy,
-        seed=seed,
-    )
+    try:
+        bench_nri.run(
+            list(dict.fromkeys(versions)),
+            rounds,
+            creates,
+            restarts,
+            chaos=chaos,
+            chaos_creates=chaos_creates,
+            sync_containers=sync_containers,
+            kills=kills,
+            previous=previous,
+            peer=peer,
+            py_spy=py_spy,
+            seed=seed,
+        )
+    except nri_peer.PeerError as exc:
+        fail(str(exc))
 
 
 @bench.command("host-setup")
