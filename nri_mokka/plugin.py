@@ -9,8 +9,9 @@ for GPUs is never failed: an internal error yields no changes and a log line. A 
 that asked for GPUs the node lacks is refused (``PluginError``). One log line per decision.
 
 A container given GPUs is also listed as a process on them while it runs (``workloads``):
-the start, stop and removal of containers are the other events it subscribes to, answered at
-once and handled after; they never fail or hold up a container.
+the start and stop of containers are the other events it subscribes to, answered at once and
+handled after; they never fail or hold up a container. (Not their removal: containerd's
+RemoveContainer event carries no PID, and the stop before it already took the process off.)
 
 The process starts light so that it registers within milliseconds: ``warm_up``, run by the
 stub once registration is done (or by the first request, if that comes sooner), imports
@@ -47,16 +48,14 @@ STOPPED_KEPT = 256  # containers remembered as stopped unlisted: a late start ev
 
 class MokkaPlugin:
     """Decides at CreateContainer; lists GPU containers as processes from their start to their
-    stop or removal. Reads the node layout host setup wrote.
+    stop. Reads the node layout host setup wrote.
 
     ``settings`` are the command line's, in the plugin config's keys (``mode``,
     ``excludeNamespaces``, ``cdiDevices``, ``allocator``); a config string from containerd
     overrides them key by key.
     """
 
-    events = event_mask(
-        [EVENTS[e] for e in ("CREATE_CONTAINER", "POST_START_CONTAINER", "STOP_CONTAINER", "REMOVE_CONTAINER")]
-    )
+    events = event_mask([EVENTS[e] for e in ("CREATE_CONTAINER", "POST_START_CONTAINER", "STOP_CONTAINER")])
 
     def __init__(self, root: str | os.PathLike[str], settings: Mapping[str, object] | None = None) -> None:
         self.root = os.fspath(root)
@@ -140,7 +139,7 @@ class MokkaPlugin:
             log.info("%s/%s/%s: %s", req.namespace, req.pod_name, req.container_name(), text)
 
     def container_event(self, event: int, payload: bytes) -> None:
-        """A container started, stopped or was removed: list it on its GPUs, or take it off."""
+        """A container started or stopped: list it on its GPUs, or take it off."""
         try:
             self._container_event(event, payload)
         except Exception as exc:  # the container carries on regardless
@@ -183,20 +182,14 @@ class MokkaPlugin:
             self._send("add", layout, what, [c.pid], order)
             return
         pids = set(self._listed.pop(c.container_id, ()))
-        self._note_stopped(event, c.container_id, listed=bool(pids))
-        if c.pid and layout is not None and workloads.gpus_of(c, layout):
-            pids.add(c.pid)  # a container started before this plugin process
-        if pids and layout is not None:
-            self._send("remove", layout, what, sorted(pids), {})
-
-    def _note_stopped(self, event: int, container_id: str, listed: bool) -> None:
-        """Remember a container stopped while unlisted, until it is removed (its start may follow)."""
-        if event == EVENTS["REMOVE_CONTAINER"]:
-            self._stopped.pop(container_id, None)
-        elif not listed:
-            self._stopped[container_id] = None
+        if not pids:  # its start may still come
+            self._stopped[c.container_id] = None
             if len(self._stopped) > STOPPED_KEPT:
                 del self._stopped[next(iter(self._stopped))]
+        if c.pid and layout is not None and workloads.gpus_of(c, layout):
+            pids.add(c.pid)  # listed by a plugin process before this one: the stop names its PID
+        if pids and layout is not None:
+            self._send("remove", layout, what, sorted(pids), {})
 
     def _send(self, op: str, layout: NodeLayout, what: str, pids: list[int], extra: dict[str, object]) -> None:
         if self._recorder is None:

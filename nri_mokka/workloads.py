@@ -9,9 +9,10 @@ given the ``fabric-imex-mgmt`` capability, it manages the fabric and runs nothin
 whose nodes its management device brings) is listed nowhere. The memory it uses per GPU is
 the annotation ``mokka.io/gpu-memory`` (MiB; ``Gi``/``GiB`` and ``Mi``/``MiB`` suffixes; the
 container's, else the pod's; default ``gpumodel.processes.DEFAULT_MEMORY_MIB``). At
-STOP_CONTAINER and REMOVE_CONTAINER its entries are taken off again (by the PIDs recorded at
-start, and the event's own PID when it carries one). A short-lived container's stop can reach the
-plugin before its start (containerd sends them from two goroutines): one stopped first is not listed.
+STOP_CONTAINER its entries are taken off again (by the PIDs recorded at start, and the PID the
+event names, so that a plugin process takes off what one before it listed). A short-lived
+container's stop can reach the plugin before its start (containerd sends them from two
+goroutines): one stopped first is not listed.
 
 The state is written by a helper process (``Recorder``: ``python -m nri_mokka.workloads``,
 started at the first event and fed one JSON line per change on a pipe): the plugin process
