@@ -166,6 +166,7 @@ def run(
     peer: Path | None = None,
     py_spy: Path | None = None,
     seed: int | None = None,
+    svg: Path | None = None,
 ) -> list[Figures]:
     _compile_bytecode(Path(__file__).resolve().parent.parent, *([Path(previous)] if previous else []))
     load_before = os.getloadavg()
@@ -189,7 +190,61 @@ def run(
             )
         )
     _report(results, rounds, per_round, load_before, os.getloadavg(), previous is not None, peer is not None)
+    if svg is not None:
+        for path in _plots(results, svg):
+            print(f"plot: {path}")
     return results
+
+
+def _plots(results: list[Figures], out: Path) -> list[Path]:
+    """The figures beside their peers' as SVGs in ``out``: added latency, CPU and RSS per plugin,
+    containerd's own CPU per side; one group per containerd version."""
+    from bench import plot
+
+    def per_version(values: Callable[[Figures], dict[str, float]]) -> dict[str, dict[str, float]]:
+        return {f"containerd {f.version}": values(f) for f in results}
+
+    def added(f: Figures, side: str) -> float:
+        return (_median(f.creates.get(side, [])) - _median(f.creates.get("no plugin", []))) * 1000
+
+    sides = {"CDI edits, no plugin": "CDI, no plugin", "plugin": "Mokka", "plugin --cdi-devices": "Mokka, CDI refs"}
+    sides |= {"Go peer": "Go peer", "Go peer, device opt-in": "Go peer + devices"}
+    made = [
+        plot.bars(
+            out / "nri-added-latency.svg",
+            "CreateContainer: added over no plugin, median",
+            "ms",
+            per_version(lambda f: {label: added(f, s) for s, label in sides.items() if s in f.creates}),
+        ),
+        plot.bars(
+            out / "nri-plugin-cpu.svg",
+            "The plugin's CPU per container",
+            "ms",
+            per_version(
+                lambda f: {
+                    "Mokka": _median(f.cpu_ms),
+                    **{sides[s]: _median(v) for s, v in f.peer_cpu_ms.items()},
+                }
+            ),
+        ),
+        plot.bars(
+            out / "nri-containerd-cpu.svg",
+            "containerd's own CPU per container (create and remove)",
+            "ms",
+            per_version(
+                lambda f: {
+                    sides.get(s, s): _median(v) for s, v in f.containerd_cpu_ms.items() if s != "plugin, opted-out pod"
+                }
+            ),
+        ),
+        plot.bars(
+            out / "nri-plugin-rss.svg",
+            "The plugin process's resident memory",
+            "MiB",
+            per_version(lambda f: {"Mokka": f.rss_mib, **({"Go peer": f.peer_rss_mib} if f.peer_rss_mib else {})}),
+        ),
+    ]
+    return made
 
 
 def _compile_bytecode(*checkouts: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -46,14 +47,18 @@ def test_bench_host_setup() -> None:
     assert all(ln.endswith((" ok", " MISSED")) for ln in out.splitlines() if ln.startswith("h100 x"))
 
 
-def test_bench_nri() -> None:
+def test_bench_nri(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("starts a private containerd: needs root")
     peer = thirdparty.directory("MOKKA_NRI_PEER_DIR", "nvml-mock-nri")  # upstream's Go plugin, where it is
     out = bench(
         "nri", "--containerd", "2.1", "--rounds", "1", "--creates", "3", "--restarts", "1", "--kills", "1",
         "--sync-containers", "3", "--chaos", "--chaos-creates", "5", *(["--peer", str(peer)] if peer else []),
+        "--svg", str(tmp_path),
     )  # fmt: skip
+    plots = sorted(p.name for p in tmp_path.glob("*.svg"))
+    assert plots == ["nri-added-latency.svg", "nri-containerd-cpu.svg", "nri-plugin-cpu.svg", "nri-plugin-rss.svg"]
+    assert "containerd 2.1" in (tmp_path / "nri-plugin-cpu.svg").read_text()
     if peer:
         for figure in ("added by the Go peer, device opt-in", "Go peer CPU per container", "Go peer RSS"):
             assert figure in out, out

@@ -123,6 +123,12 @@ def bench_dcgm(profile_name: str, rounds: int) -> None:
     default=None,
     help="Profile the plugin with py-spy during 300 more creates; raw stacks into this directory.",
 )
+@click.option(
+    "--svg",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also draw the figures beside their peers' as SVG plots into this directory.",
+)
 def bench_nri(
     versions: tuple[str, ...],
     rounds: int,
@@ -136,6 +142,7 @@ def bench_nri(
     previous: str | None,
     peer: Path | None,
     py_spy: Path | None,
+    svg: Path | None,
 ) -> None:
     """The NRI plugin on private containerds (root): CreateContainer cost, CPU (the plugin's and
     containerd's), RSS, start, restarts, chaos; beside upstream's Go plugin with --peer."""
@@ -156,6 +163,7 @@ def bench_nri(
             peer=peer,
             py_spy=py_spy,
             seed=seed,
+            svg=svg,
         )
     except nri_peer.PeerError as exc:
         fail(str(exc))
