@@ -9,9 +9,10 @@ for GPUs is never failed: an internal error yields no changes and a log line. A 
 that asked for GPUs the node lacks is refused (``PluginError``). One log line per decision.
 
 A container given GPUs is also listed as a process on them while it runs (``workloads``):
-the start and stop of containers are the other events it subscribes to, answered at once and
-handled after; they never fail or hold up a container. (Not their removal: containerd's
-RemoveContainer event carries no PID, and the stop before it already took the process off.)
+its start is the other event the plugin subscribes to, answered at once and handled after; it
+never fails or holds up a container. Its exit is seen by the helper that listed it (a pidfd),
+not through containerd's stop event: a container costs the plugin one round trip, two if it
+runs and has GPUs.
 
 The process starts light so that it registers within milliseconds: ``warm_up``, run by the
 stub once registration is done (or by the first request, if that comes sooner), imports
@@ -43,19 +44,17 @@ if TYPE_CHECKING:
 
 log = Logger("mokka.plugin")
 
-STOPPED_KEPT = 256  # containers remembered as stopped unlisted: a late start event is seconds at most
-
 
 class MokkaPlugin:
-    """Decides at CreateContainer; lists GPU containers as processes from their start to their
-    stop. Reads the node layout host setup wrote.
+    """Decides at CreateContainer; lists GPU containers as processes from their start (until they
+    exit: ``workloads.Helper``). Reads the node layout host setup wrote.
 
     ``settings`` are the command line's, in the plugin config's keys (``mode``,
     ``excludeNamespaces``, ``cdiDevices``, ``allocator``); a config string from containerd
     overrides them key by key.
     """
 
-    events = event_mask([EVENTS[e] for e in ("CREATE_CONTAINER", "POST_START_CONTAINER", "STOP_CONTAINER")])
+    events = event_mask([EVENTS[e] for e in ("CREATE_CONTAINER", "POST_START_CONTAINER")])
 
     def __init__(self, root: str | os.PathLike[str], settings: Mapping[str, object] | None = None) -> None:
         self.root = os.fspath(root)
@@ -75,9 +74,6 @@ class MokkaPlugin:
         self._layout_file = f"{self.root}/node.json"  # a plain string: stat() on it per call is cheap
         self._stamp: tuple[int, int] | None = None
         self.layout: NodeLayout | None = None
-        self._listed: dict[str, tuple[int, ...]] = {}  # container id -> PIDs listed as GPU processes
-        # Containers stopped before their start event came: a short-lived one's exit can overtake it.
-        self._stopped: dict[str, None] = {}  # insertion-ordered, the oldest dropped past STOPPED_KEPT
         self._recorder: Recorder | None = None
 
     # -- stub interface --
@@ -139,7 +135,7 @@ class MokkaPlugin:
             log.info("%s/%s/%s: %s", req.namespace, req.pod_name, req.container_name(), text)
 
     def container_event(self, event: int, payload: bytes) -> None:
-        """A container started or stopped: list it on its GPUs, or take it off."""
+        """A container started: list it on its GPUs."""
         try:
             self._container_event(event, payload)
         except Exception as exc:  # the container carries on regardless
@@ -152,44 +148,30 @@ class MokkaPlugin:
             self.warm_up()
         if self._layout_stamp() != self._stamp:
             self._load_layout()
-        c = workloads.Event(event, payload)
+        if event != EVENTS["POST_START_CONTAINER"]:
+            return
+        c = workloads.Event(payload)
         layout = self.layout
         what = f"{c.name} {c.container_id[:13]}"
-        if event == EVENTS["POST_START_CONTAINER"]:
-            gpus = workloads.gpus_of(c, layout) if layout is not None else []
-            if layout is None or not gpus:
-                return
-            if not c.pid:
-                log.info("GPU processes: %s started without a PID in the event; not listed", what)
-                return
-            if (c.visible or "").strip().lower() == "all":
-                # Monitoring agents ask for every GPU (dcgm-exporter, GPU Operator's operands) and
-                # hold no CUDA context: real GPUs do not list them either.
-                log.info("GPU processes: %s asks for NVIDIA_VISIBLE_DEVICES=all: not listed", what)
-                return
-            try:
-                mib = workloads.memory_mib(c.memory)
-            except ValueError as exc:
-                mib = workloads.DEFAULT_MEMORY_MIB
-                log.error("GPU processes: %s: %s; using %d MiB", what, exc, mib)
-            if mib == 0:
-                return  # mokka.io/gpu-memory: 0: not a GPU process
-            if c.container_id in self._stopped:
-                log.info("GPU processes: %s stopped before its start came: not listed", what)
-                return
-            self._listed[c.container_id] = (c.pid,)
-            order = {"gpus": gpus, "name": c.process_name(), "mib": mib}
-            self._send("add", layout, what, [c.pid], order)
+        gpus = workloads.gpus_of(c, layout) if layout is not None else []
+        if layout is None or not gpus:
             return
-        pids = set(self._listed.pop(c.container_id, ()))
-        if not pids:  # its start may still come
-            self._stopped[c.container_id] = None
-            if len(self._stopped) > STOPPED_KEPT:
-                del self._stopped[next(iter(self._stopped))]
-        if c.pid and layout is not None and workloads.gpus_of(c, layout):
-            pids.add(c.pid)  # listed by a plugin process before this one: the stop names its PID
-        if pids and layout is not None:
-            self._send("remove", layout, what, sorted(pids), {})
+        if not c.pid:
+            log.info("GPU processes: %s started without a PID in the event; not listed", what)
+            return
+        if (c.visible or "").strip().lower() == "all":
+            # Monitoring agents ask for every GPU (dcgm-exporter, GPU Operator's operands) and
+            # hold no CUDA context: real GPUs do not list them either.
+            log.info("GPU processes: %s asks for NVIDIA_VISIBLE_DEVICES=all: not listed", what)
+            return
+        try:
+            mib = workloads.memory_mib(c.memory)
+        except ValueError as exc:
+            mib = workloads.DEFAULT_MEMORY_MIB
+            log.error("GPU processes: %s: %s; using %d MiB", what, exc, mib)
+        if mib == 0:
+            return  # mokka.io/gpu-memory: 0: not a GPU process
+        self._send("add", layout, what, [c.pid], {"gpus": gpus, "name": c.process_name(), "mib": mib})
 
     def _send(self, op: str, layout: NodeLayout, what: str, pids: list[int], extra: dict[str, object]) -> None:
         if self._recorder is None:

@@ -8,24 +8,26 @@ that a plugin restarted since CreateContainer still knows them. An IMEX daemon (
 given the ``fabric-imex-mgmt`` capability, it manages the fabric and runs nothing on the GPUs
 whose nodes its management device brings) is listed nowhere. The memory it uses per GPU is
 the annotation ``mokka.io/gpu-memory`` (MiB; ``Gi``/``GiB`` and ``Mi``/``MiB`` suffixes; the
-container's, else the pod's; default ``gpumodel.processes.DEFAULT_MEMORY_MIB``). At
-STOP_CONTAINER its entries are taken off again (by the PIDs recorded at start, and the PID the
-event names, so that a plugin process takes off what one before it listed). A short-lived
-container's stop can reach the plugin before its start (containerd sends them from two
-goroutines): one stopped first is not listed.
+container's, else the pod's; default ``gpumodel.processes.DEFAULT_MEMORY_MIB``).
 
 The state is written by a helper process (``Recorder``: ``python -m nri_mokka.workloads``,
 started at the first event and fed one JSON line per change on a pipe): the plugin process
 never loads cffi or the profile model, and its loop, which answers CreateContainer, never
-waits for a state update. The helper applies the changes in order, logs one line each and
-exits when the plugin process goes (its pipe closes). Nothing here can fail a container:
-whatever goes wrong is one log line.
+waits for a state update. The helper lists each process and watches it (a pidfd, ``Helper``):
+when it exits, the helper takes it off at once. So no stop event is needed (the plugin gets
+two events per container it lists, one per container it does not, as many as a plugin that
+only injects gets), a container gone before its start reached the plugin (a short-lived one:
+containerd sends the start and the exit from two goroutines) is never listed, and a stop while
+no plugin process runs is seen all the same. The helper applies the changes in order, logs
+one line each, and exits once the plugin process has gone (its pipe closed) and every process
+it listed has exited. Nothing here can fail a container: whatever goes wrong is one log line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import sys
 
 from nri_mokka.log import Logger
@@ -40,16 +42,14 @@ if TYPE_CHECKING:
 
     from gpumodel.nodelayout import NodeLayout
 
-__all__ = ["ANNOTATION_MEMORY", "Event", "Recorder", "gpus_of", "main", "memory_mib"]
+__all__ = ["ANNOTATION_MEMORY", "Event", "Helper", "Recorder", "gpus_of", "main", "memory_mib"]
 
 log = Logger("mokka.workloads")
 
 ANNOTATION_MEMORY = "mokka.io/gpu-memory"  # MiB per GPU the container's processes use
 DEFAULT_MEMORY_MIB = 1024  # gpumodel.processes.DEFAULT_MEMORY_MIB (checked by the tests)
-STOP_CONTAINER = 10  # NRI's Event: its payload is a StopContainerRequest, not a StateChangeEvent
-# StateChangeEvent: pod 2, container 3; StopContainerRequest: pod 1, container 2
+# StateChangeEvent: pod 2, container 3
 EVENT_POD, EVENT_CONTAINER = 2, 3
-STOP_POD, STOP_CONTAINER_FIELD = 1, 2
 # PodSandbox, Container (api.proto)
 POD_ANNOTATIONS = 6
 CONTAINER_ID = 1
@@ -68,14 +68,11 @@ IMEX_MGMT_NODE = "/dev/nvidia-caps/nvidia-cap4323"  # gpumodel.mig_devices.FABRI
 
 
 class Event:
-    """What a container event says about the container, read from its raw bytes."""
+    """What a container's StateChangeEvent (its start) says about it, read from its raw bytes."""
 
     __slots__ = ("args0", "container_id", "devices", "imex_daemon", "memory", "name", "pid", "visible")
 
-    def __init__(self, event: int, payload: bytes) -> None:
-        pod_field, container_field = (
-            (STOP_POD, STOP_CONTAINER_FIELD) if event == STOP_CONTAINER else (EVENT_POD, EVENT_CONTAINER)
-        )
+    def __init__(self, payload: bytes) -> None:
         self.container_id = self.name = self.args0 = ""
         self.pid = 0
         self.visible: str | None = None
@@ -86,11 +83,11 @@ class Event:
         for number, kind, a, b in wire.fields(payload):
             if kind != wire.LEN:
                 continue
-            if number == pod_field:
+            if number == EVENT_POD:
                 for n, k, x, y in wire.fields(payload, a, b):
                     if n == POD_ANNOTATIONS and k == wire.LEN:
                         pod_memory = _entry(payload, x, y, ANNOTATION_MEMORY, pod_memory)
-            elif number == container_field:
+            elif number == EVENT_CONTAINER:
                 memory = self._container(payload, a, b)
         self.memory = memory if memory is not None else pod_memory
 
@@ -221,6 +218,7 @@ class Recorder:
             stdout=subprocess.DEVNULL,
             env=env,
             close_fds=True,
+            cwd="/",  # it may outlive the plugin process (until what it listed exits): it pins no folder
         )
         assert self.proc.stdin is not None
         os.set_blocking(self.proc.stdin.fileno(), False)
@@ -250,13 +248,87 @@ def apply(order: Mapping[str, Any]) -> str:
     return f"{what}: pid {listed} off the GPUs ({n} entries)"
 
 
-def main() -> int:
-    """The helper: one JSON change per line on stdin, until it closes."""
-    for line in sys.stdin.buffer:
+class Helper:
+    """The helper's work: the changes the plugin sends, and the listed processes watched until
+    they exit (one pidfd each; where the kernel has none, their /proc entries once a second)."""
+
+    def __init__(self) -> None:
+        self.poll = select.poll()
+        self.watched: dict[int, tuple[str, int, str]] = {}  # pidfd -> (state, PID, what)
+        self.unwatchable: dict[int, tuple[str, str]] = {}  # PID -> (state, what): no pidfd for it
+
+    def handle(self, line: bytes) -> None:
+        """One change from the plugin; whatever fails is one log line."""
         try:
-            log.info("%s", apply(json.loads(line)))
+            order = json.loads(line)
+            if order["op"] == "add":
+                order = self._watch(order)
+                if not order["pids"]:
+                    return
+            log.info("%s", apply(order))
         except Exception as exc:  # one change that cannot be made must not stop the others
             log.error("GPU processes: %s: %s (%s)", type(exc).__name__, exc, line.decode(errors="replace").strip())
+
+    def _watch(self, order: dict[str, Any]) -> dict[str, Any]:
+        """``order`` with only the PIDs still running, each now watched (before it is listed, so
+        that an exit meanwhile is seen)."""
+        alive = []
+        for pid in (int(p) for p in order["pids"]):
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                log.info("%s: pid %d exited before its start was seen: not listed", order.get("what", ""), pid)
+                continue
+            except OSError as exc:  # a kernel without pidfds (before 5.3)
+                log.info("%s: pid %d: no pidfd (%s): its /proc entry is checked each second", order.get("what", ""),
+                         pid, exc.strerror)  # fmt: skip
+                self.unwatchable[pid] = (str(order["state"]), str(order.get("what", "")))
+            else:
+                self.watched[fd] = (str(order["state"]), pid, str(order.get("what", "")))
+                self.poll.register(fd, select.POLLIN)
+            alive.append(pid)
+        return {**order, "pids": alive}
+
+    def exited(self, fd: int) -> None:
+        """The process behind pidfd ``fd`` exited: take it off."""
+        state, pid, what = self.watched.pop(fd)
+        self.poll.unregister(fd)
+        os.close(fd)
+        self.handle(json.dumps({"op": "remove", "state": state, "pids": [pid], "what": what}).encode())
+
+    def check_unwatchable(self) -> None:
+        for pid, (state, what) in list(self.unwatchable.items()):
+            if not os.path.exists(f"/proc/{pid}"):
+                del self.unwatchable[pid]
+                self.handle(json.dumps({"op": "remove", "state": state, "pids": [pid], "what": what}).encode())
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.watched or self.unwatchable)
+
+
+def main() -> int:
+    """The helper: one JSON change per line on stdin, the listed processes watched until they exit;
+    done when stdin has closed and none is left."""
+    helper = Helper()
+    stdin = sys.stdin.buffer.fileno()
+    helper.poll.register(stdin, select.POLLIN)
+    reading, pending = True, b""
+    while reading or helper.busy:
+        for fd, _ in helper.poll.poll(1000 if helper.unwatchable else None):
+            if fd != stdin:
+                helper.exited(fd)
+                continue
+            data = os.read(stdin, 65536)
+            if not data:
+                reading = False
+                helper.poll.unregister(stdin)
+                continue
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                if line.strip():
+                    helper.handle(line)
+        helper.check_unwatchable()
     return 0
 
 

@@ -11,6 +11,7 @@ a real containerd (1.7 and 2.1) with the plugin, a container asking for two GPUs
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -139,13 +140,10 @@ def test_field_numbers_are_the_protos() -> None:
     assert bytes(api.Container(pid=7)) == wire.encode_varint_field(workloads.CONTAINER_PID, 7)
     assert bytes(api.Container(args=["x"])) == wire.encode_bytes(workloads.CONTAINER_ARGS, b"x")
     assert bytes(api.Container(id="x")) == wire.encode_bytes(workloads.CONTAINER_ID, b"x")
-    stop = api.StopContainerRequest(pod=api.PodSandbox(id="p"), container=api.Container(id="c"))
-    assert [n for n, *_ in wire.fields(bytes(stop))] == [workloads.STOP_POD, workloads.STOP_CONTAINER_FIELD]
     change = api.StateChangeEvent(
         event=api.Event.REMOVE_CONTAINER, pod=api.PodSandbox(id="p"), container=api.Container(id="c")
     )
     assert [n for n, *_ in wire.fields(bytes(change))] == [1, workloads.EVENT_POD, workloads.EVENT_CONTAINER]
-    assert EVENTS["STOP_CONTAINER"] == workloads.STOP_CONTAINER
     assert workloads.DEFAULT_MEMORY_MIB == processes.DEFAULT_MEMORY_MIB
     from gpumodel.mig_devices import FABRIC_IMEX_MINOR
 
@@ -169,7 +167,7 @@ LAYOUT = nodelayout.NodeLayout(
 def event(**container: Any) -> workloads.Event:
     pod = api.PodSandbox(id="p", name="trainer", annotations=container.pop("pod_annotations", {}))
     c = api.Container(id="c1", name="main", **container)
-    return workloads.Event(EVENTS["POST_START_CONTAINER"], bytes(api.StateChangeEvent(event=7, pod=pod, container=c)))
+    return workloads.Event(bytes(api.StateChangeEvent(event=7, pod=pod, container=c)))
 
 
 def test_event_reading() -> None:
@@ -188,9 +186,6 @@ def test_event_reading() -> None:
     assert e.devices == [13, 11] and e.memory == "2Gi" and e.process_name() == "python3"
     assert workloads.gpus_of(e, LAYOUT) == [1, 3]  # the device nodes are the allocation
     assert event(pod_annotations={"mokka.io/gpu-memory": "100"}).memory == "100"
-    stop = api.StopContainerRequest(pod=api.PodSandbox(id="p"), container=api.Container(id="c9", pid=5))
-    s = workloads.Event(EVENTS["STOP_CONTAINER"], bytes(stop))
-    assert (s.container_id, s.pid, s.memory) == ("c9", 5, None)
 
 
 def test_an_imex_daemon_is_no_gpu_workload() -> None:
@@ -296,93 +291,137 @@ def wait_view(
         time.sleep(0.1)
 
 
-def test_the_plugin_lists_a_started_container_until_it_stops(staged_root: Path) -> None:
+def test_the_plugin_lists_a_started_container_until_it_exits(staged_root: Path) -> None:
+    """Its start lists it (real processes stand in for containers' init processes); its exit,
+    seen by the helper's pidfd, takes it off: no stop event is subscribed to. The helper outlives
+    the plugin process that started it until the last process it listed has exited."""
     layout = nodelayout.NodeLayout.load(staged_root)
     p = plugin.MokkaPlugin(staged_root)
-    assert p.events & event_mask([EVENTS["POST_START_CONTAINER"], EVENTS["STOP_CONTAINER"]])
-    # containerd's RemoveContainer event carries no PID and follows the stop: not subscribed
-    assert not p.events & event_mask([EVENTS["REMOVE_CONTAINER"]])
+    assert p.events & event_mask([EVENTS["POST_START_CONTAINER"]])
+    assert not p.events & event_mask([EVENTS["STOP_CONTAINER"], EVENTS["REMOVE_CONTAINER"]])
     pod = api.PodSandbox(id="p", name="trainer", annotations={"mokka.io/gpu-memory": "3072"})
-    c = api.Container(id="c1", name="main", pid=31337, args=["/usr/bin/python3"], env=["NVIDIA_VISIBLE_DEVICES=0,2"])
-    untouched = api.Container(id="c2", name="side", pid=31338, env=["NVIDIA_VISIBLE_DEVICES=void"])
-    q = plugin.MokkaPlugin(staged_root)  # a plugin process that did not see the start
+    first, second = (subprocess.Popen(["sleep", "60"]) for _ in range(2))
+    c = api.Container(
+        id="c1", name="main", pid=first.pid, args=["/usr/bin/python3"], env=["NVIDIA_VISIBLE_DEVICES=0,2"]
+    )
+    untouched = api.Container(id="c2", name="side", pid=second.pid, env=["NVIDIA_VISIBLE_DEVICES=void"])
+    other = api.Container(id="c3", name="other", pid=second.pid, args=["sleep"], env=["NVIDIA_VISIBLE_DEVICES=1"])
     try:
         p.container_event(7, bytes(api.StateChangeEvent(event=7, pod=pod, container=untouched)))
         assert p._recorder is None  # no GPUs, nothing to write: no helper either
         p.container_event(7, bytes(api.StateChangeEvent(event=7, pod=pod, container=c)))
         view = wait_view(layout, lambda v: bool(v[0]["procs"]))
         assert [g["procs"] for g in view] == [
-            [[31337, 3072, "/usr/bin/python3"]],
+            [[first.pid, 3072, "/usr/bin/python3"]],
             [],
-            [[31337, 3072, "/usr/bin/python3"]],
+            [[first.pid, 3072, "/usr/bin/python3"]],
             [],
         ]
-        # A stop without a PID in the event: the one recorded is used.
-        p.container_event(10, bytes(api.StopContainerRequest(pod=pod, container=api.Container(id="c1", name="main"))))
+        p.container_event(7, bytes(api.StateChangeEvent(event=7, pod=pod, container=other)))
+        wait_view(layout, lambda v: bool(v[1]["procs"]))
+        first.kill()
+        first.wait()
+        view = wait_view(layout, lambda v: not v[0]["procs"])
+        assert [g["procs"] for g in view] == [[], [[second.pid, 3072, "sleep"]], [], []]
+        assert p._recorder is not None and p._recorder.proc is not None
+        p._recorder.close()  # the plugin process goes: its helper stays while c3 runs
+        time.sleep(0.3)
+        assert p._recorder.proc.poll() is None
+        second.kill()
+        second.wait()
         wait_view(layout, lambda v: all(g["procs"] == [] for g in v))
-        # Taken off by another plugin process: the PID containerd's stop names (it does, 1.7 and 2.1).
-        p.container_event(7, bytes(api.StateChangeEvent(event=7, pod=pod, container=c)))
-        wait_view(layout, lambda v: bool(v[0]["procs"]))
-        q.container_event(10, bytes(api.StopContainerRequest(pod=pod, container=c)))
-        wait_view(layout, lambda v: all(g["procs"] == [] for g in v))
+        p._recorder.proc.wait(10)  # and then exits
     finally:
-        for x in (p, q):
-            if x._recorder is not None:
-                x._recorder.close()
-                assert x._recorder.proc is not None
-                x._recorder.proc.wait(10)
+        for proc in (first, second):
+            proc.kill()
+            proc.wait()
+        if p._recorder is not None and p._recorder.proc is not None:
+            p._recorder.close()
+            p._recorder.proc.wait(10)
 
 
-def test_a_container_stopped_before_its_start_event_is_not_listed(staged_root: Path) -> None:
-    """A short-lived container's exit can reach the plugin before its start does (containerd sends
-    StopContainer from its exit monitor, PostStartContainer from StartContainer, concurrently):
-    it is not listed as a process of a container that is gone."""
+def test_a_container_gone_before_its_start_event_is_not_listed(staged_root: Path) -> None:
+    """A short-lived container can exit before its start reaches the plugin (containerd sends the
+    exit from its exit monitor, PostStartContainer from StartContainer, concurrently): the
+    helper finds its process gone and does not list it."""
     layout = nodelayout.NodeLayout.load(staged_root)
     p = plugin.MokkaPlugin(staged_root)
     pod = api.PodSandbox(id="p", name="quick")
-    c = api.Container(id="c1", name="main", pid=31337, args=["nvidia-smi"], env=["NVIDIA_VISIBLE_DEVICES=1"])
-    later = api.Container(id="c2", name="main", pid=31338, args=["sleep"], env=["NVIDIA_VISIBLE_DEVICES=1"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    running_one = subprocess.Popen(["sleep", "60"])
+    c = api.Container(id="c1", name="main", pid=gone.pid, args=["nvidia-smi"], env=["NVIDIA_VISIBLE_DEVICES=1"])
+    later = api.Container(id="c2", name="main", pid=running_one.pid, args=["sleep"], env=["NVIDIA_VISIBLE_DEVICES=1"])
     try:
-        p.container_event(10, bytes(api.StopContainerRequest(pod=pod, container=api.Container(id="c1", name="main"))))
         p.container_event(7, bytes(api.StateChangeEvent(event=7, pod=pod, container=c)))
         p.container_event(7, bytes(api.StateChangeEvent(event=7, pod=pod, container=later)))
         view = wait_view(layout, lambda v: bool(v[1]["procs"]))
-        assert [g["procs"] for g in view] == [[], [[31338, 1024, "sleep"]], [], []]  # c2 alone
-        for n in range(plugin.STOPPED_KEPT + 10):
-            p.container_event(10, bytes(api.StopContainerRequest(pod=pod, container=api.Container(id=f"x{n}"))))
-        assert len(p._stopped) == plugin.STOPPED_KEPT
+        assert [g["procs"] for g in view] == [[], [[running_one.pid, 1024, "sleep"]], [], []]  # c2 alone
     finally:
-        if p._recorder is not None:
+        running_one.kill()
+        running_one.wait()
+        if p._recorder is not None and p._recorder.proc is not None:
             p._recorder.close()
-            assert p._recorder.proc is not None
             p._recorder.proc.wait(10)
+
+
+def test_without_pidfds_the_helper_checks_proc(staged_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel without pidfd_open (before 5.3): a listed process is checked in /proc instead, and
+    taken off once it is gone."""
+    import errno
+
+    layout = nodelayout.NodeLayout.load(staged_root)
+
+    def no_pidfds(pid: int) -> int:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(workloads.os, "pidfd_open", no_pidfds)
+    helper = workloads.Helper()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        order = {"op": "add", "state": layout.state, "what": "x", "pids": [sleeper.pid], "gpus": [2], "name": "s",
+                 "mib": 5}  # fmt: skip
+        helper.handle(json.dumps(order).encode())
+        assert helper.busy and not helper.watched
+        assert [g["procs"] for g in layout_view(layout)][2] == [[sleeper.pid, 5, "s"]]
+        helper.check_unwatchable()
+        assert helper.busy  # still running
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    helper.check_unwatchable()
+    assert not helper.busy and all(g["procs"] == [] for g in layout_view(layout))
 
 
 def test_a_broken_state_is_one_log_line(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """The helper logs what it cannot do and carries on; the plugin never raises."""
     r = tmp_path / "root"
     node.apply(node.plan(profile.load("h100").with_count(2), node.Options(root=r, majors="real")))
+    sleeper = subprocess.Popen(["sleep", "60"])
     try:
         layout = nodelayout.NodeLayout.load(r)
         p = plugin.MokkaPlugin(r)
         c = api.Container(
             id="c1",
             name="main",
-            pid=99,
+            pid=sleeper.pid,
             env=["NVIDIA_VISIBLE_DEVICES=0,1"],
             annotations={"mokka.io/gpu-memory": "lots"},
         )
         p.container_event(7, bytes(api.StateChangeEvent(event=7, pod=api.PodSandbox(id="p"), container=c)))
         view = wait_view(layout, lambda v: bool(v[1]["procs"]))
-        assert view[1]["procs"][0][:2] == [99, 1024]  # a bad size: the default, and a log line
+        assert view[1]["procs"][0][:2] == [sleeper.pid, 1024]  # a bad size: the default, and a log line
         p.container_event(7, b"\xff\xff")  # not a message at all
         assert p._recorder is not None and p._recorder.proc is not None
         p._recorder.send({"op": "remove", "state": str(tmp_path / "missing"), "pids": [1]})
-        p._recorder.send({"op": "remove", "state": layout.state, "pids": [99]})
+        p._recorder.send({"op": "remove", "state": layout.state, "pids": [sleeper.pid]})
         wait_view(layout, lambda v: all(g["procs"] == [] for g in v))
+        sleeper.kill()  # its exit: taken off again, which changes nothing
         p._recorder.close()
         p._recorder.proc.wait(10)
     finally:
+        sleeper.kill()
+        sleeper.wait()
         node.cleanup(r)
     err = capfd.readouterr().err
     assert "'lots' is not a size in MiB" in err
