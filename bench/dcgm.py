@@ -70,7 +70,7 @@ def library_ms(libdir: Path, gpus: int, rounds: int) -> float:
     return _median_s(scrape, rounds * 10) * 1000
 
 
-def run(profile: Profile, rounds: int = 15) -> None:
+def run(profile: Profile, rounds: int = 15, svg: Path | None = None) -> None:
     counters = dcgm_exporter.default_counters()
     smi = nvidia_smi.find()
     with tempfile.TemporaryDirectory(prefix="mokka-bench-dcgm-") as tmp:
@@ -83,6 +83,7 @@ def run(profile: Profile, rounds: int = 15) -> None:
             print(f"dcgm-exporter: no default-counters.csv beside it (${dcgm_exporter.ENV_DIR})")
             return
         print(f"{'figure':<40}{'exporter':>11}{'smi query':>11}{'ratio':>8}{'target':>8}")
+        plotted: dict[str, dict[str, float]] = {}
         for gpus in (8, 64):
             root = driver_root.stage(profile.with_count(gpus), Path(tmp) / f"root-{gpus}")
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_LIBRARY_PATH": str(root.libdir)}
@@ -110,6 +111,16 @@ def run(profile: Profile, rounds: int = 15) -> None:
                   f"{ratio:>8.2f}{target:>8}{verdict}")  # fmt: skip
             print(f"{f'  of it libdcgm, {served} GPUs x 25 fields (ms)':<40}{float(lib_ms):>11.3f}")
             print(f"{f'exporter start, {gpus} GPUs (ms)':<40}{start_ms:>11.1f}")
+            plotted[f"{gpus} GPUs"] = {
+                "dcgm-exporter /metrics": scrape_ms,
+                "  of it libdcgm": float(lib_ms),
+                "nvidia-smi --query-gpu": query_ms,
+            }
         print("DCGM serves at most 32 GPUs (DCGM_MAX_NUM_DEVICES): the 64-GPU node's exporter shows 32.")
         if smi is None:
             print("nvidia-smi: not found (run the tests once to cache Debian's)")
+        if svg is not None:
+            from bench import plot
+
+            title = "A scrape of NVIDIA's dcgm-exporter beside nvidia-smi's query of the same fields, median"
+            print(f"plot: {plot.bars(svg / 'dcgm-scrape.svg', title, 'ms', plotted)}")

@@ -96,8 +96,8 @@ def test_bench_fault() -> None:
 
 
 @pytest.mark.skipif(dcgm_exporter.default_counters() is None, reason="no dcgm-exporter (MOKKA_DCGM_DIR)")
-def test_bench_dcgm() -> None:
-    out = bench("dcgm", "--rounds", "3")
+def test_bench_dcgm(tmp_path: Path) -> None:
+    out = bench("dcgm", "--rounds", "3", "--svg", str(tmp_path))
     for figure in (
         "/metrics scrape, 8 GPUs",
         "of it libdcgm, 8 GPUs",
@@ -106,3 +106,4 @@ def test_bench_dcgm() -> None:
         "exporter start, 64 GPUs",
     ):
         assert figure in out, out
+    assert "64 GPUs" in (tmp_path / "dcgm-scrape.svg").read_text()

@@ -41,13 +41,19 @@ def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int)
     "--profile", "profile_name", default="h100", show_default=True, help="Built-in profile name or a profile YAML file."
 )
 @click.option("--rounds", type=click.IntRange(min=1), default=15, show_default=True, help="Scrapes and queries.")
-def bench_dcgm(profile_name: str, rounds: int) -> None:
+@click.option(
+    "--svg",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also draw the scrape beside nvidia-smi's query as an SVG plot into this directory.",
+)
+def bench_dcgm(profile_name: str, rounds: int, svg: Path | None) -> None:
     """NVIDIA's dcgm-exporter on the mock libdcgm: start time and /metrics scrape latency for 8 and 64
     GPUs, against nvidia-smi --query-gpu over the same fields (target: 8 GPUs no slower). The
     exporter's binary comes from $MOKKA_DCGM_DIR."""
     from bench import dcgm as bench_dcgm
 
-    bench_dcgm.run(load_profile(profile_name, None), rounds)
+    bench_dcgm.run(load_profile(profile_name, None), rounds, svg)
 
 
 @bench.command("nri")
