@@ -111,7 +111,7 @@ def compute_domain(c: Cluster, i: int) -> float:
     return took
 
 
-def run(rounds: int) -> None:
+def run(rounds: int, svg: Path | None = None) -> None:
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="mokka-bench-dra-") as tmp:
         for allocator in ("dra", "nvidia-dra"):
@@ -134,3 +134,12 @@ def run(rounds: int) -> None:
     _row("  ratio (domain / NVIDIA's 1 GPU)", cd / nvidia, unit="")
     for key, values in results.items():
         print(f"{'  spread ' + key:<46}{min(values):>6.2f}-{max(values):.2f} s", flush=True)
+    if svg is not None:
+        from bench import plot
+
+        groups = {
+            "1 GPU, claim -> Running": {"Mokka's DRA plugin": mokka, "NVIDIA's DRA driver": nvidia},
+            "2-node ComputeDomain": {"NVIDIA's DRA driver": cd},
+        }
+        title = f"DRA: created -> pods Running, median of {rounds}"
+        print(f"plot: {plot.bars(svg / 'dra-claims.svg', title, 's', groups)}", flush=True)

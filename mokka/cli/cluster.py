@@ -353,7 +353,13 @@ def status_cmd(base: Path) -> None:
 
 @bench.command("dra")
 @click.option("--rounds", type=click.IntRange(1, 100), default=5, show_default=True, help="Claims (and domains) timed.")
-def bench_dra(rounds: int) -> None:
+@click.option(
+    "--svg",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also draw the figures side by side as an SVG plot into this directory.",
+)
+def bench_dra(rounds: int, svg: Path | None) -> None:
     """Claim created → pod Running: 1 GPU with Mokka's DRA plugin and with NVIDIA's DRA driver, and a
     2-node ComputeDomain (NVIDIA's), on two nodes of one rack; side by side, in one run.
 
@@ -367,7 +373,7 @@ def bench_dra(rounds: int) -> None:
         from fetch import debcache
 
         nvidia_dra.find(debcache.default_cache())
-        bench_dra.run(rounds)
+        bench_dra.run(rounds, svg)
     except (ClusterError, nvidia_dra.NvidiaDraUnavailable) as exc:
         fail(f"{exc}, mokka bench dra")
 
