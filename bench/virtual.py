@@ -92,7 +92,7 @@ def _one(options: Options, selector: dict[str, str], pods: int) -> dict[str, Any
             raise ClusterError("; ".join(problems))
 
 
-def run(profile: str, count: int, pods: int) -> None:
+def run(profile: str, count: int, pods: int, svg: Path | None = None) -> None:
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="mokka-bench-virtual-") as tmp:
         # The first `up` builds or fetches whatever the cache lacks: it is not timed.
@@ -122,3 +122,12 @@ def run(profile: str, count: int, pods: int) -> None:
         _row("ratio pods Running (Mokka / FGO)", m["running"] / f["running"], unit="")
     else:
         print("fake-gpu-operator: not compared (set MOKKA_FGO_DIR to its binaries)", flush=True)
+    if svg is not None:
+        from bench import plot
+
+        labels = {"mokka": "Mokka virtual", "fgo": "fake-gpu-operator"}
+        times = {
+            f"{count} nodes Ready": {labels[w]: r["ready"] for w, r in results.items()},
+            f"{pods} pods Running": {labels[w]: r["running"] for w, r in results.items()},
+        }
+        print(f"plot: {plot.bars(svg / 'virtual-nodes.svg', f'{count} virtual nodes of {profile}', 's', times)}")

@@ -431,8 +431,19 @@ def bench_gpu_operator(profile_name: str, counts: tuple[int, ...]) -> None:
     help="Bench N virtual nodes of --profile instead (and FGO serving N, where MOKKA_FGO_DIR has its binaries): "
     "up -> N Ready (target: 1000 <= 60 s), RSS, and --pods one-GPU pods scheduled (default 1000).",
 )
+@click.option(
+    "--svg",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="With --virtual: also draw Mokka's and FGO's figures side by side as an SVG plot into this directory.",
+)
 def bench_cluster(
-    profile_name: str, ups: int, pods: int | None, nodes: tuple[Any, ...], virtual_count: int | None
+    profile_name: str,
+    ups: int,
+    pods: int | None,
+    nodes: tuple[Any, ...],
+    virtual_count: int | None,
+    svg: Path | None,
 ) -> None:
     """Warm `cluster up` → node Ready (target <= 30 s); pod with 2 GPUs vs none: create → Running (ratio <= 1.2).
 
@@ -450,7 +461,7 @@ def bench_cluster(
         if virtual_count:
             from bench import virtual as bench_virtual
 
-            bench_virtual.run(profile_name, virtual_count, pods or 1000)
+            bench_virtual.run(profile_name, virtual_count, pods or 1000, svg)
             return
         pods = pods or 5
         if nodes:
