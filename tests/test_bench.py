@@ -53,7 +53,8 @@ def test_bench_nri(tmp_path: Path) -> None:
     peer = thirdparty.directory("MOKKA_NRI_PEER_DIR", "nvml-mock-nri")  # upstream's Go plugin, where it is
     out = bench(
         "nri", "--containerd", "2.1", "--rounds", "1", "--creates", "3", "--restarts", "1", "--kills", "1",
-        "--sync-containers", "3", "--chaos", "--chaos-creates", "5", *(["--peer", str(peer)] if peer else []),
+        "--sync-containers", "3", "--background-pods", "2", "--chaos", "--chaos-creates", "5",
+        *(["--peer", str(peer)] if peer else []),
         "--svg", str(tmp_path),
     )  # fmt: skip
     plots = sorted(p.name for p in tmp_path.glob("*.svg"))
