@@ -28,6 +28,7 @@ def bars(path: Path, title: str, unit: str, groups: Mapping[str, Mapping[str, fl
     import matplotlib
 
     matplotlib.use("svg")
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: small, searchable, the reader's font
     import matplotlib.pyplot as plt
 
     sides = list(dict.fromkeys(side for values in groups.values() for side in values))
