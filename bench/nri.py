@@ -153,48 +153,33 @@ def _memory_mib(pid: int) -> tuple[float, float]:
     return rss / 1024, uss / 1024
 
 
-def run(
-    versions: list[str],
-    rounds: int,
-    per_round: int,
-    restarts: int,
-    *,
-    chaos: bool = False,
-    chaos_creates: int = 200,
-    sync_containers: int = 500,
-    background_pods: int = 0,
-    kills: int = 5,
-    previous: str | None = None,
-    peer: Path | None = None,
-    py_spy: Path | None = None,
-    seed: int | None = None,
-    svg: Path | None = None,
-) -> list[Figures]:
-    _compile_bytecode(Path(__file__).resolve().parent.parent, *([Path(previous)] if previous else []))
+@dataclass(frozen=True)
+class Settings:
+    """What `mokka bench nri` is asked to measure (its options, by the same names)."""
+
+    rounds: int = 5
+    per_round: int = 100  # --creates
+    restarts: int = 10
+    kills: int = 5
+    sync_containers: int = 500
+    background_pods: int = 0
+    chaos: bool = False
+    chaos_creates: int = 200
+    seed: int | None = None
+    previous: str | None = None
+    peer: Path | None = None  # the user's directory holding upstream's Go plugin
+    py_spy: Path | None = None
+    svg: Path | None = None
+
+
+def run(versions: list[str], settings: Settings) -> list[Figures]:
+    _compile_bytecode(Path(__file__).resolve().parent.parent, *([Path(settings.previous)] if settings.previous else []))
     load_before = os.getloadavg()
-    results = []
-    program = nri_peer.binary(peer, debcache.default_cache()) if peer is not None else None
-    for version in versions:
-        results.append(
-            _one_version(
-                version,
-                rounds,
-                per_round,
-                restarts,
-                chaos=chaos,
-                chaos_creates=chaos_creates,
-                sync_containers=sync_containers,
-                background_pods=background_pods,
-                kills=kills,
-                previous=previous,
-                peer=program,
-                py_spy=py_spy,
-                rng=random.Random(seed),
-            )
-        )
-    _report(results, rounds, per_round, load_before, os.getloadavg(), previous is not None, peer is not None)
-    if svg is not None:
-        for path in _plots(results, svg):
+    peer = nri_peer.binary(settings.peer, debcache.default_cache()) if settings.peer is not None else None
+    results = [_one_version(version, settings, peer, random.Random(settings.seed)) for version in versions]
+    _report(results, settings, load_before, os.getloadavg())
+    if settings.svg is not None:
+        for path in _plots(results, settings.svg):
             print(f"plot: {path}")
     return results
 
@@ -262,22 +247,11 @@ def _compile_bytecode(*checkouts: Path) -> None:
                 compileall.compile_dir(str(checkout / package), quiet=1)
 
 
-def _one_version(
-    version: str,
-    rounds: int,
-    per_round: int,
-    restarts: int,
-    *,
-    chaos: bool,
-    chaos_creates: int,
-    sync_containers: int,
-    background_pods: int,
-    kills: int,
-    previous: str | None,
-    peer: Path | None,
-    py_spy: Path | None,
-    rng: random.Random,
-) -> Figures:
+def _one_version(version: str, settings: Settings, peer: Path | None, rng: random.Random) -> Figures:
+    """The figures on containerd ``version``; ``peer``: upstream's Go plugin, unpacked."""
+    rounds, per_round, restarts, kills = settings.rounds, settings.per_round, settings.restarts, settings.kills
+    chaos, chaos_creates, previous, py_spy = settings.chaos, settings.chaos_creates, settings.previous, settings.py_spy
+    sync_containers, background_pods = settings.sync_containers, settings.background_pods
     import cdi
     from gpumodel.profile import load
     from hostsetup import node
@@ -592,13 +566,12 @@ def _ok(value: float, target: float) -> str:
 
 def _report(
     results: list[Figures],
-    rounds: int,
-    per_round: int,
+    settings: Settings,
     load_before: tuple[float, float, float],
     load_after: tuple[float, float, float],
-    previous: bool,
-    peer: bool = False,
 ) -> None:
+    rounds, per_round = settings.rounds, settings.per_round
+    previous, peer = settings.previous is not None, settings.peer is not None
     ms = 1000.0
     cols = [f"{f.version} ({f.server})" for f in results]
     width = max(18, *(len(c) + 2 for c in cols))

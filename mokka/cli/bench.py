@@ -166,22 +166,12 @@ def bench_nri(
     from bench import nri_peer
 
     try:
-        bench_nri.run(
-            list(dict.fromkeys(versions)),
-            rounds,
-            creates,
-            restarts,
-            chaos=chaos,
-            chaos_creates=chaos_creates,
-            sync_containers=sync_containers,
-            background_pods=background_pods,
-            kills=kills,
-            previous=previous,
-            peer=peer,
-            py_spy=py_spy,
-            seed=seed,
-            svg=svg,
-        )
+        settings = bench_nri.Settings(
+            rounds=rounds, per_round=creates, restarts=restarts, kills=kills, sync_containers=sync_containers,
+            background_pods=background_pods, chaos=chaos, chaos_creates=chaos_creates, seed=seed,
+            previous=previous, peer=peer, py_spy=py_spy, svg=svg,
+        )  # fmt: skip
+        bench_nri.run(list(dict.fromkeys(versions)), settings)
     except nri_peer.PeerError as exc:
         fail(str(exc))
 
