@@ -1,8 +1,9 @@
 """`mokka bench cluster --virtual N`: a fleet of N virtual GPU nodes (:mod:`virtualfleet.pool`) beside one
-real node, and — where fake-gpu-operator's binaries are found (``MOKKA_FGO_DIR``) — the same N
+real node, and — where fake-gpu-operator's binaries are found (``MOKKA_FGO_DIR``, else the checkout's
+``../shared/thirdparty/fake-gpu-operator``) — the same N
 served by FGO, side by side in the same run, each in a cluster of its own:
 
-- ``up`` → N nodes Ready with their GPUs (the KWOK step of ``up``; all of ``up`` too);
+- ``up`` → N nodes Ready with their GPUs (the step of ``up`` that makes them; all of ``up`` too);
 - RSS of kube-apiserver, etcd, kwok (and FGO's processes) with the N nodes up;
 - scheduling throughput: a Deployment of ``--pods`` one-GPU pods over the N nodes, create → every
   pod bound (pods/s) and → every pod Running.
@@ -14,13 +15,15 @@ printed with their targets, a missed one marked MISSED; nothing asserts on them.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.cluster import _row, _rss_mib
-from localcluster.addons.fgo import FGO_POOL_LABEL, FgoSpec, source_dir
+from fetch import thirdparty
+from localcluster.addons.fgo import ENV_DIR, FGO_POOL_LABEL, FgoSpec, source_dir
 from localcluster.cluster import Cluster, ClusterError, Options
 from virtualfleet.pool import VIRTUAL_LABEL, VirtualSpec
 
@@ -81,8 +84,9 @@ def _one(options: Options, selector: dict[str, str], pods: int) -> dict[str, Any
     c = Cluster.up(options, progress=lambda s: None)
     try:
         up = time.monotonic() - t0
-        step = next(v for k, v in c.state.timings.items() if k.startswith(("KWOK", "fake-gpu-operator")) and
-                    ("fake-gpu-operator" in k) == bool(options.fgo))  # fmt: skip
+        # the step that made them and waited for every one Ready: the fleet controller's, or FGO's
+        step = next(v for k, v in c.state.timings.items() if ("Ready with their GPUs" in k, "fake-gpu-operator" in k)
+                    == (not options.fgo, bool(options.fgo)))  # fmt: skip
         rss = _rss(c, ("kube-apiserver", "etcd", "kwok", "fgo-status-updater", "fgo-kwok-gpu-device-plugin",
                        "fgo-status-exporter-kwok"))  # fmt: skip
         bound, running = schedule(c, selector, pods)
@@ -90,6 +94,17 @@ def _one(options: Options, selector: dict[str, str], pods: int) -> dict[str, Any
     finally:
         if problems := c.down():
             raise ClusterError("; ".join(problems))
+
+
+def _fgo_found() -> bool:
+    """Whether FGO's binaries are here: $MOKKA_FGO_DIR, else the checkout's ../shared copy (then
+    named to the cluster through that variable, as a user would)."""
+    if source_dir() is not None:
+        return True
+    shared = thirdparty.directory(ENV_DIR, "fake-gpu-operator")
+    if shared is not None:
+        os.environ[ENV_DIR] = str(shared)
+    return shared is not None
 
 
 def run(profile: str, count: int, pods: int, svg: Path | None = None) -> None:
@@ -100,7 +115,7 @@ def run(profile: str, count: int, pods: int, svg: Path | None = None) -> None:
         spec = VirtualSpec(profile, None, count)
         opts = Options(base=Path(tmp) / "mokka", profile=profile, virtual=(spec,))
         results["mokka"] = _one(opts, {VIRTUAL_LABEL: "true"}, pods)
-        if source_dir() is not None:
+        if _fgo_found():
             fgo_spec = FgoSpec("bench", profile, count)
             opts = Options(base=Path(tmp) / "fgo", profile=profile, fgo=(fgo_spec,))
             results["fgo"] = _one(opts, {FGO_POOL_LABEL: "bench"}, pods)
