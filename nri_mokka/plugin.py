@@ -144,12 +144,12 @@ class MokkaPlugin:
     def _container_event(self, event: int, payload: bytes) -> None:
         from nri_mokka import workloads
 
+        if event != EVENTS["POST_START_CONTAINER"]:
+            return  # the only container event subscribed to
         if self.config is None:
             self.warm_up()
         if self._layout_stamp() != self._stamp:
             self._load_layout()
-        if event != EVENTS["POST_START_CONTAINER"]:
-            return
         c = workloads.Event(payload)
         layout = self.layout
         what = f"{c.name} {c.container_id[:13]}"

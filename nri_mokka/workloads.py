@@ -258,49 +258,61 @@ class Helper:
         self.unwatchable: dict[int, tuple[str, str]] = {}  # PID -> (state, what): no pidfd for it
 
     def handle(self, line: bytes) -> None:
-        """One change from the plugin; whatever fails is one log line."""
+        """One change from the plugin (a JSON line)."""
         try:
             order = json.loads(line)
+        except ValueError as exc:
+            log.error("GPU processes: %s: %s (%s)", type(exc).__name__, exc, line.decode(errors="replace").strip())
+            return
+        self._apply(order)
+
+    def _apply(self, order: dict[str, Any]) -> None:
+        """Carry out one change, an ``add`` only for the PIDs still running; whatever fails is one log line."""
+        try:
             if order["op"] == "add":
                 order = self._watch(order)
                 if not order["pids"]:
                     return
             log.info("%s", apply(order))
         except Exception as exc:  # one change that cannot be made must not stop the others
-            log.error("GPU processes: %s: %s (%s)", type(exc).__name__, exc, line.decode(errors="replace").strip())
+            log.error("GPU processes: %s: %s (%s)", type(exc).__name__, exc, order)
 
     def _watch(self, order: dict[str, Any]) -> dict[str, Any]:
         """``order`` with only the PIDs still running, each now watched (before it is listed, so
         that an exit meanwhile is seen)."""
+        state, what = str(order["state"]), str(order.get("what", ""))
         alive = []
         for pid in (int(p) for p in order["pids"]):
             try:
                 fd = os.pidfd_open(pid)
             except ProcessLookupError:
-                log.info("%s: pid %d exited before its start was seen: not listed", order.get("what", ""), pid)
+                log.info("%s: pid %d exited before its start was seen: not listed", what, pid)
                 continue
             except OSError as exc:  # a kernel without pidfds (before 5.3)
-                log.info("%s: pid %d: no pidfd (%s): its /proc entry is checked each second", order.get("what", ""),
-                         pid, exc.strerror)  # fmt: skip
-                self.unwatchable[pid] = (str(order["state"]), str(order.get("what", "")))
+                log.info("%s: pid %d: no pidfd (%s): its /proc entry is checked each second", what, pid, exc.strerror)
+                self.unwatchable[pid] = (state, what)
             else:
-                self.watched[fd] = (str(order["state"]), pid, str(order.get("what", "")))
+                self.watched[fd] = (state, pid, what)
                 self.poll.register(fd, select.POLLIN)
             alive.append(pid)
         return {**order, "pids": alive}
+
+    def _gone(self, state: str, pid: int, what: str) -> None:
+        self._apply({"op": "remove", "state": state, "pids": [pid], "what": what})
 
     def exited(self, fd: int) -> None:
         """The process behind pidfd ``fd`` exited: take it off."""
         state, pid, what = self.watched.pop(fd)
         self.poll.unregister(fd)
         os.close(fd)
-        self.handle(json.dumps({"op": "remove", "state": state, "pids": [pid], "what": what}).encode())
+        self._gone(state, pid, what)
 
     def check_unwatchable(self) -> None:
+        """Take off each process without a pidfd whose /proc entry is gone."""
         for pid, (state, what) in list(self.unwatchable.items()):
             if not os.path.exists(f"/proc/{pid}"):
                 del self.unwatchable[pid]
-                self.handle(json.dumps({"op": "remove", "state": state, "pids": [pid], "what": what}).encode())
+                self._gone(state, pid, what)
 
     @property
     def busy(self) -> bool:
