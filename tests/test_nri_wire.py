@@ -308,7 +308,8 @@ class Protos:
 # NRI as containerd 1.7 speaks it (0.6.1, trixie) and as 2.1 does (0.8.0, sid). What Mokka
 # declares must match both, except what 0.6 does not have yet.
 NRI_VERSIONS = {"0.6.1": "trixie", "0.8.0": "sid"}
-ADDED_AFTER_0_6 = {"nri.pkg.api.v1alpha1.ContainerAdjustment.CDI_devices", "nri.pkg.api.v1alpha1.CDIDevice"}
+API_PACKAGE = "nri.pkg.api.v1alpha1"
+ADDED_AFTER_0_6 = {f"{API_PACKAGE}.ContainerAdjustment.CDI_devices", f"{API_PACKAGE}.CDIDevice"}
 
 
 @pytest.fixture(scope="module", params=sorted(NRI_VERSIONS))
@@ -398,7 +399,7 @@ def test_every_declared_field_matches_the_official_protos(protos: Protos) -> Non
 def test_method_tables_match_the_official_services(protos: Protos) -> None:
     """The transport dispatches by name (stub.PLUGIN_METHODS, RUNTIME_METHODS): same methods,
     same argument and reply messages as NRI's services, and messages Mokka declares."""
-    package = "nri.pkg.api.v1alpha1"
+    package = API_PACKAGE
     for service, table in ((stub.PLUGIN_SERVICE, stub.PLUGIN_METHODS), (stub.RUNTIME_SERVICE, stub.RUNTIME_METHODS)):
         official = protos.official.FindServiceByName(service)
         for method, (argument, answer) in table.items():
@@ -409,10 +410,20 @@ def test_method_tables_match_the_official_services(protos: Protos) -> None:
             assert protos.ours.FindMessageTypeByName(f"{package}.{answer}")
 
 
+def _assert_field_numbers(protos: Protos, fields: dict[tuple[str, str], int]) -> None:
+    """Each ``(message, field)`` has its number in Mokka's proto and the official one (but for
+    what NRI 0.6.1 does not have yet)."""
+    for pool in (protos.ours, protos.official):
+        for (message, field), number in fields.items():
+            added = {f"{API_PACKAGE}.{message}.{field}", f"{API_PACKAGE}.{message}"} & ADDED_AFTER_0_6
+            if pool is protos.official and protos.version == "0.6.1" and added:
+                continue  # CDI references: NRI 0.7 and later
+            assert pool.FindMessageTypeByName(f"{API_PACKAGE}.{message}").fields_by_name[field].number == number
+
+
 def test_request_reader_field_numbers(protos: Protos) -> None:
     """The numbers request.py reads by, against Mokka's proto and the official one."""
-    package = "nri.pkg.api.v1alpha1"
-    fields = {
+    _assert_field_numbers(protos, {
         ("CreateContainerRequest", "pod"): request.REQUEST_POD,
         ("CreateContainerRequest", "container"): request.REQUEST_CONTAINER,
         ("PodSandbox", "name"): request.POD_NAME,
@@ -426,11 +437,9 @@ def test_request_reader_field_numbers(protos: Protos) -> None:
         ("LinuxDevice", "path"): request.DEVICE_PATH,
         ("Container", "mounts"): request.CONTAINER_MOUNTS,
         ("Mount", "destination"): request.MOUNT_DESTINATION,
-    }
+    })  # fmt: skip
     for pool in (protos.ours, protos.official):
-        for (message, field), number in fields.items():
-            assert pool.FindMessageTypeByName(f"{package}.{message}").fields_by_name[field].number == number
-        annotations = pool.FindMessageTypeByName(f"{package}.PodSandbox").fields_by_name["annotations"]
+        annotations = pool.FindMessageTypeByName(f"{API_PACKAGE}.PodSandbox").fields_by_name["annotations"]
         entry = annotations.message_type
         assert (entry.fields_by_name["key"].number, entry.fields_by_name["value"].number) == (
             request.MAP_KEY,
@@ -440,8 +449,7 @@ def test_request_reader_field_numbers(protos: Protos) -> None:
 
 def test_reply_field_numbers(protos: Protos) -> None:
     """The numbers reply.py writes by, against Mokka's proto and the official one."""
-    package = "nri.pkg.api.v1alpha1"
-    fields = {
+    _assert_field_numbers(protos, {
         ("CreateContainerResponse", "adjust"): reply.RESPONSE_ADJUST,
         ("ContainerAdjustment", "mounts"): reply.ADJUST_MOUNTS,
         ("ContainerAdjustment", "env"): reply.ADJUST_ENV,
@@ -465,13 +473,7 @@ def test_reply_field_numbers(protos: Protos) -> None:
         ("LinuxDevice", "file_mode"): reply.DEVICE_FILE_MODE,
         ("OptionalFileMode", "value"): reply.FILE_MODE_VALUE,
         ("CDIDevice", "name"): reply.CDI_NAME,
-    }
-    for pool in (protos.ours, protos.official):
-        for (message, field), number in fields.items():
-            added = {f"{package}.{message}.{field}", f"{package}.{message}"} & ADDED_AFTER_0_6
-            if pool is protos.official and protos.version == "0.6.1" and added:
-                continue  # CDI references: NRI 0.7 and later
-            assert pool.FindMessageTypeByName(f"{package}.{message}").fields_by_name[field].number == number
+    })  # fmt: skip
 
 
 def _betterproto_adjustment(e: edits.ContainerEdits, preload: str) -> pb_api.ContainerAdjustment:
