@@ -99,6 +99,16 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def _median_ms(f: Figures, side: str) -> float:
+    """The median CreateContainer of ``side`` (ms)."""
+    return _median(f.creates.get(side, [])) * 1000
+
+
+def _added_ms(f: Figures, side: str) -> float:
+    """What ``side`` adds to CreateContainer over no plugin, median against median (ms)."""
+    return _median_ms(f, side) - _median_ms(f, "no plugin")
+
+
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -192,9 +202,6 @@ def _plots(results: list[Figures], out: Path) -> list[Path]:
     def per_version(values: Callable[[Figures], dict[str, float]]) -> dict[str, dict[str, float]]:
         return {f"containerd {f.version}": values(f) for f in results}
 
-    def added(f: Figures, side: str) -> float:
-        return (_median(f.creates.get(side, [])) - _median(f.creates.get("no plugin", []))) * 1000
-
     sides = {"CDI edits, no plugin": "CDI, no plugin", "plugin": "Mokka", "plugin --cdi-devices": "Mokka, CDI refs"}
     sides |= {"Go peer": "Go peer", "Go peer, device opt-in": "Go peer + devices"}
     made = [
@@ -202,7 +209,7 @@ def _plots(results: list[Figures], out: Path) -> list[Path]:
             out / "nri-added-latency.svg",
             "CreateContainer: added over no plugin, median",
             "ms",
-            per_version(lambda f: {label: added(f, s) for s, label in sides.items() if s in f.creates}),
+            per_version(lambda f: {label: _added_ms(f, s) for s, label in sides.items() if s in f.creates}),
         ),
         plot.bars(
             out / "nri-plugin-cpu.svg",
@@ -589,34 +596,31 @@ def _report(
             verdict = "ok" if all(v <= target for v in values) else "MISSED"
         print(f"{name:<52}{cells}{(f'{target:g}' if target is not None else ''):>10}  {verdict}")
 
-    def med(f: Figures, side: str) -> float:
-        return _median(f.creates.get(side, [])) * ms
-
     sides = ["no plugin", "CDI edits, no plugin", "plugin", "plugin, opted-out pod", "plugin --cdi-devices"]
     sides += ["previous plugin"] if previous else []
     peers = ["Go peer", "Go peer, device opt-in"] if peer else []
     for side in [*sides, *peers]:
-        row(f"CreateContainer median, {side} (ms)", [med(f, side) for f in results])
+        row(f"CreateContainer median, {side} (ms)", [_median_ms(f, side) for f in results])
     row(
         "  added by the plugin, median (ms)",
-        [med(f, "plugin") - med(f, "no plugin") for f in results],
+        [_added_ms(f, "plugin") for f in results],
         target=TARGETS["added_ms"],
     )
     row(
         "  plugin - CDI edits: NRI's way of applying the same",
-        [med(f, "plugin") - med(f, "CDI edits, no plugin") for f in results],
+        [_median_ms(f, "plugin") - _median_ms(f, "CDI edits, no plugin") for f in results],
     )
     row(
         "  opted-out pod - no plugin: the round trip alone",
-        [med(f, "plugin, opted-out pod") - med(f, "no plugin") for f in results],
+        [_added_ms(f, "plugin, opted-out pod") for f in results],
     )
     if previous:
         row(
             "  added by the previous plugin, median (ms)",
-            [med(f, "previous plugin") - med(f, "no plugin") for f in results],
+            [_added_ms(f, "previous plugin") for f in results],
         )
     for side in peers:
-        row(f"  added by the {side}, median (ms)", [med(f, side) - med(f, "no plugin") for f in results])
+        row(f"  added by the {side}, median (ms)", [_added_ms(f, side) for f in results])
     print("  per round, plugin - no plugin (ms):")
     for f in results:
         diffs = [
