@@ -1,8 +1,9 @@
 """Compile the kubelet's plugin APIs into betterproto/grpclib bindings for the DRA plugin.
 
 The ``.proto`` files come from the ``k8s.io/kubelet`` module (and the ``gogo.proto`` they import
-from ``github.com/gogo/protobuf``) on the Go module proxy, downloaded with ``go mod download``
-into the private cache (``gomod/``) at the versions pinned here, and are compiled at build time into
+from ``github.com/gogo/protobuf``) on the Go module proxy, downloaded over HTTPS without a Go
+toolchain (:mod:`fetch.goproxy`, checked against their pinned go.sum hashes) into the private cache
+(``gomod/``) at the versions pinned here, and are compiled at build time into
 ``k8snode/dra/_pb/`` (git-ignored, never committed):
 
 - ``pkg/apis/pluginregistration/v1/api.proto`` — the Registration service kubelet's plugin
@@ -20,20 +21,25 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from fetch import debcache, gotool
+from fetch import debcache, goproxy
 from fetch.protoc import ProtocError, compile_protos
 
-__all__ = ["MODULES", "OUT", "PROTOS", "current", "download", "generate", "module_dir"]
+__all__ = ["MODULES", "OUT", "PROTOS", "SUMS", "current", "download", "generate", "module_dir"]
 
 # The cluster runs Kubernetes v1.34.4; its staging modules (k8s.io/kubelet) are published as v0.34.4.
 KUBELET_MODULE = ("k8s.io/kubelet", "v0.34.4")
 GOGO_MODULE = ("github.com/gogo/protobuf", "v1.3.2")  # what k8s.io/kubelet v0.34.4's go.mod requires
 MODULES = (KUBELET_MODULE, GOGO_MODULE)
+# go.sum's hashes of every module fetched through :func:`download` (kind's for its node image's files).
+SUMS = {
+    KUBELET_MODULE: "h1:+8aLwtoZSUnE7HLxjrAYNtlJFzlwxQ4UBleyaW4JzA8=",
+    GOGO_MODULE: "h1:Ov1cvc58UF3b5XjBnZv7+opcTcQFZebYjWzi34vdm4Q=",
+    ("sigs.k8s.io/kind", "v0.33.0"): "h1:AjvDv3vOygb/VKLVQW87lfktIBzkxR8Ump9DjxC8+Lk=",
+}
 PROTOS = (
     "pkg/apis/pluginregistration/v1/api.proto",
     "pkg/apis/dra/v1/api.proto",
@@ -65,53 +71,33 @@ def current(out: Path = OUT) -> bool:
 
 def _unpacked(module: str, version: str, cache: Path) -> Path:
     # Named as Go's module cache names it (upper-case letters escaped as '!' + lower case).
-    escaped = "".join(f"!{c.lower()}" if c.isupper() else c for c in module)
-    return cache / "gomod" / f"{escaped}@{version}"
+    return cache / "gomod" / f"{goproxy.escape(module)}@{version}"
 
 
 def module_dir(module: str, version: str, cache: Path | None = None) -> Path | None:
-    """Where :func:`download` unpacked ``module@version`` in the cache, when it did (no Go run)."""
+    """Where :func:`download` unpacked ``module@version`` in the cache, when it did."""
     path = _unpacked(module, version, cache or debcache.default_cache())
     return path if path.is_dir() else None
 
 
 def download(module: str, version: str, cache: Path | None = None) -> Path:
-    """``go mod download`` one pinned module and keep its files (only that module's, a few MB) in
-    the cache's ``gomod/``; its directory. Go's own module cache is a throw-away one."""
+    """One pinned module's files from the Go module proxy (no Go toolchain: :mod:`fetch.goproxy`),
+    checked against its go.sum hash in :data:`SUMS` and kept in the cache's ``gomod/``; its directory."""
     cache = cache or debcache.default_cache()
     if found := module_dir(module, version, cache):
         return found
-    go = gotool.find(cache)
-    env = dict(os.environ)
-    for key in ("GOROOT", "GOPATH", "GOMODCACHE", "GOFLAGS"):
-        env.pop(key, None)
-    with tempfile.TemporaryDirectory(prefix="mokka-gomod-") as tmp:
-        env.update(
-            GOPATH=f"{tmp}/gopath",
-            GOMODCACHE=f"{tmp}/gopath/pkg/mod",
-            GOFLAGS="-mod=mod -modcacherw",
-            GOTOOLCHAIN="local",
-        )
-        res = subprocess.run(
-            [str(go), "mod", "download", "-json", f"{module}@{version}"],
-            cwd=tmp,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        try:
-            info = json.loads(res.stdout)
-        except ValueError:
-            info = {}
-        if res.returncode != 0 or info.get("Error") or not info.get("Dir"):
-            why = info.get("Error") or res.stderr.strip() or f"exit {res.returncode}"
-            raise GenerateError(f"go mod download {module}@{version}: {why}")
+    expected = SUMS.get((module, version))
+    if expected is None:
+        raise GenerateError(f"{module}@{version}: no go.sum hash pinned in fetch.kubelet_api.SUMS")
+    try:
+        zipped = goproxy.fetch_zip(module, version, expected)
         dest = _unpacked(module, version, cache)
         staging = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(info["Dir"], staging)
-        staging.rename(dest)
+        goproxy.unpack(zipped, module, version, staging)
+    except goproxy.ProxyError as exc:
+        raise GenerateError(str(exc)) from None
+    staging.rename(dest)
     return dest
 
 
