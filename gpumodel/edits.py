@@ -147,11 +147,14 @@ def kernel_view(layout: NodeLayout) -> ContainerEdits:
 def sysfs_view(layout: NodeLayout) -> ContainerEdits:
     """The node's staged sys/ and proc/ trees and the shim that shows them at the real paths
     (nothing when the node was staged without the shim): the PCI functions, the driver's files
-    and the InfiniBand adapters' classes."""
+    and the InfiniBand adapters' classes; and the subnet's relay directory (MADs between
+    processes: ibping) on a node with adapters."""
     if not layout.sysfs_shim:
         return ContainerEdits()
     mounts = [Mount(layout.sysfs_shim, SHIM_IN_CONTAINER)]
     mounts += [Mount(f"{layout.root}/{tree}", f"{TREES_IN_CONTAINER}/{tree}") for tree in ("sys", "proc")]
+    if layout.ib_relay:  # writable: a container serving a MAD class (ibping -S) listens there
+        mounts.append(Mount(layout.ib_relay, f"{TREES_IN_CONTAINER}/ib-relay", WRITABLE))
     env = (f"LD_PRELOAD={SHIM_IN_CONTAINER}", f"MOKKA_SYSFS_ROOT={TREES_IN_CONTAINER}")
     return ContainerEdits(env=env, mounts=tuple(mounts))
 

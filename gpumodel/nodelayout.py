@@ -57,6 +57,10 @@ class NodeLayout:
     # The OCI hook putting the staged procfs files into a container's /proc, for programs that read
     # them with raw system calls (edits.driver_procfs); None: not built, or an older Mokka
     proc_hook: str | None = None
+    # The InfiniBand subnet's relay directory (<root>/ib-relay, itself or a link to the one every node of
+    # a cluster shares): the sysfs shim passes MADs no agent of the node answers (ibping's) to the
+    # process serving them there; None: a node without adapters, or an older Mokka's layout
+    ib_relay: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -27,7 +27,10 @@ Layout under ROOT (default /var/lib/mokka)::
     driver/dev/..., driver/proc/...                          the same device nodes and procfs files again: driver/ is
                                                              a whole driver root (usr, dev, proc), as a driver
                                                              container's is, for tools given one (NVIDIA's DRA chart)
-    sys/...                                                  PCI sysfs tree, /sys/module/nvidia
+    sys/...                                                  PCI sysfs tree, /sys/module/nvidia, InfiniBand classes
+    dev/infiniband/uverbsN, umadN, issmN                     the InfiniBand adapters' device nodes (profiles with them)
+    ib-relay/                                                where a process serving a MAD class (ibping -S) listens
+                                                             (a link to the subnet's, on a local cluster's node)
     lib/libmokka-sysfs.so                                    LD_PRELOAD redirect for C tools
     lib/mokka-proc-hook                                      OCI hook: the driver's procfs files in a container's /proc
     node.json                                                the layout the plugin and CDI read
@@ -53,6 +56,7 @@ from .journal import Journal, JournalError
 DEFAULT_ROOT = Path("/var/lib/mokka")
 JOURNAL = Path(".mokka/journal.jsonl")
 OLD_JOURNAL = Path(".mokka/journal.json")  # Mokka before the write-ahead journal
+RELAY_MODE = 0o1777  # the InfiniBand relay directory: any process given an adapter may serve a MAD class there
 
 
 class SetupError(Exception):
@@ -68,6 +72,10 @@ class Options:
     toolkit_ready: bool = False  # write <run_nvidia>/validations/toolkit-ready
     proc_devices: Path = Path("/proc/devices")
     machine: str | None = None  # the node's architecture; default: this machine's (uname -m)
+    # The InfiniBand subnet's relay directory every node of a cluster shares, made by the caller with
+    # RELAY_MODE (<root>/ib-relay links to it); None: the node's own, <root>/ib-relay. Used only on a
+    # node with adapters.
+    ib_relay: Path | None = None
 
 
 @dataclass
@@ -138,6 +146,8 @@ def plan(profile: Profile, options: Options) -> Plan:
         raise SetupError(f"machine {machine!r}: Mokka stages nodes for {', '.join(nodelayout.MACHINES)}")
     if options.nvidia_smi is not None and not options.nvidia_smi.is_file():
         raise SetupError(f"--nvidia-smi {options.nvidia_smi}: no such file")
+    if options.ib_relay is not None and not options.ib_relay.is_dir():
+        raise SetupError(f"InfiniBand relay directory {options.ib_relay}: no such directory")
     try:
         staged = driver_root.contents(profile)
         numbers = majors.choose(options.majors, options.proc_devices)
@@ -171,6 +181,7 @@ def plan(profile: Profile, options: Options) -> Plan:
         proc_devices=str(root / "proc" / "devices"),
         imex_tools=str(root / "driver" / "usr" / "bin"),
         proc_hook=str(root / "lib" / PROC_HOOK) if hook else None,
+        ib_relay=str(root / "ib-relay") if infiniband.device_nodes(profile) else None,
     )
     p = Plan(profile, options, layout)
     dev_root, driver_dev = Path(layout.dev_root), root / "driver" / "dev"
@@ -267,6 +278,24 @@ def plan(profile: Profile, options: Options) -> Plan:
                 f"{sum(name.startswith('uverbs') for name, _, _ in infiniband.device_nodes(profile))} adapter(s) "
                 f"(major {infiniband.UVERBS_MAJOR})",
                 ib_device_nodes,
+            )
+        )
+
+    if layout.ib_relay:
+        relay, shared = Path(layout.ib_relay), options.ib_relay
+
+        def ib_relay(j: Journal) -> None:
+            if shared is not None:
+                j.symlink(relay, str(shared))
+            else:  # a tree of its own, so that cleanup takes the sockets a killed server left with it
+                j.install_tree(relay, lambda tmp: os.chmod(tmp, RELAY_MODE))
+
+        p.steps.append(
+            Step(
+                f"InfiniBand relay directory {relay}"
+                + (f" -> {shared} (the subnet's)" if shared else "")
+                + ": MADs a process serves (ibping -S) reach it from the node's other processes and containers",
+                ib_relay,
             )
         )
 

@@ -33,8 +33,13 @@ DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 
 
 def stage_node(layout: NodeLayout, profile: Profile, nvidia_smi: Path) -> nodelayout.NodeLayout:
-    """``mokka host setup`` under the node's ``node/``."""
-    plan = hostnode.plan(profile, hostnode.Options(root=layout.node_root, nvidia_smi=nvidia_smi))
+    """``mokka host setup`` under the node's ``node/``, in the cluster's InfiniBand subnet (one relay
+    directory for every node)."""
+    relay = layout.cluster.ib_relay
+    relay.mkdir(exist_ok=True)
+    relay.chmod(hostnode.RELAY_MODE)
+    options = hostnode.Options(root=layout.node_root, nvidia_smi=nvidia_smi, ib_relay=relay)
+    plan = hostnode.plan(profile, options)
     hostnode.apply(plan)
     return nodelayout.NodeLayout.load(layout.node_root)
 

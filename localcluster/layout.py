@@ -111,6 +111,12 @@ class Layout:
         return self.base / "images"
 
     @property
+    def ib_relay(self) -> Path:
+        """The InfiniBand subnet's relay directory, which every node's ``node/ib-relay`` links to: a
+        process serving a MAD class (``ibping -S``) on one node is reached from the others there."""
+        return self.base / "ib-relay"
+
+    @property
     def admin_kubeconfig(self) -> Path:
         return self.kubeconfigs / "admin.conf"
 

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,14 +52,17 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def shimmed(root: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {
+def shim_env(root: Path) -> dict[str, str]:
+    return {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
         "LD_PRELOAD": str(root / "lib/libmokka-sysfs.so"),
         "MOKKA_SYSFS_ROOT": str(root),
         "LD_LIBRARY_PATH": str(root / "driver/usr/lib64"),
     }
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+
+def shimmed(root: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env=shim_env(root), capture_output=True, text=True, timeout=60)
 
 
 # ---- the profile ---------------------------------------------------------------------------
@@ -410,14 +414,17 @@ def test_mad_tools_ask_the_port(node: Path) -> None:
 @pytest.fixture(scope="module")
 def subnet(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, profiles.Profile, Path]]:
     """Two h100 nodes of a fleet (each with adapters of its own) staged by host setup, then given
-    the subnet of both as the local cluster gives it its nodes."""
+    the subnet of both as the local cluster gives it its nodes: the subnet's relay directory
+    shared, and each node's view of the fabric."""
     from hostsetup import node as hostnode
 
+    relay = tmp_path_factory.mktemp("ib-relay")
+    relay.chmod(hostnode.RELAY_MODE)
     out = []
     for name in ("h100-0", "h100-1"):
         prof = fleet.as_node(profiles.load("h100"), name)
         root = tmp_path_factory.mktemp(name)
-        hostnode.apply(hostnode.plan(prof, hostnode.Options(root=root)))
+        hostnode.apply(hostnode.plan(prof, hostnode.Options(root=root, ib_relay=relay)))
         out.append((name, prof, root))
     ibsysfs.write_fabric(out)
     return out
@@ -502,6 +509,37 @@ def test_perfquery_reads_another_nodes_port_as_the_fabric_last_saw_it(
         for root, hca in ((root1, 2), (root0, 6)):
             ib_ports.clear_port(root, hca, 1)
         ibsysfs.sync_fabric([root0, root1])
+
+
+def port_lid(root: Path, hca: str) -> int:
+    return int((root / "sys/class/infiniband" / hca / "ports/1/lid").read_text(), 16)
+
+
+@pytest.mark.consumers
+def test_ibping_reaches_the_server_on_the_other_node(subnet: list[tuple[str, profiles.Profile, Path]]) -> None:
+    """ibping -S on the other node's mlx5_2 answers ibping from this node through the subnet's relay
+    directory (each node's ib-relay links to it): every ping gets its pong with the server's host
+    name; once the server has ended, a ping gets no answer (100% loss), as towards a node that does
+    not run it."""
+    (_, _, root0), (_, _, root1) = subnet
+    lid = port_lid(root1, "mlx5_2")
+    argv = [tool("ibping"), "-S", "-C", "mlx5_2"]
+    server = subprocess.Popen(argv, env=shim_env(root1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not (root1 / "ib-relay" / f"{lid}.32").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        res = shimmed(root0, [tool("ibping"), "-c", "3", str(lid)])
+        assert res.returncode == 0, res.stdout + res.stderr
+        pongs = [ln for ln in res.stdout.splitlines() if ln.startswith("Pong from ")]
+        assert len(pongs) == 3 and all(f"(Lid {lid})" in p for p in pongs), res.stdout
+        assert "3 packets transmitted, 3 received, 0% packet loss" in res.stdout, res.stdout
+        assert (root0 / "ib-relay").resolve() == (root1 / "ib-relay").resolve()
+    finally:
+        server.terminate()
+        server.wait(10)
+    res = shimmed(root0, [tool("ibping"), "-c", "1", "-t", "200", str(lid)])
+    assert "1 packets transmitted, 0 received, 100% packet loss" in res.stdout, res.stdout + res.stderr
 
 
 def test_the_subnet_manager_gives_two_ports_that_hash_alike_two_lids(tmp_path: Path) -> None:

@@ -111,6 +111,8 @@ int shim_enabled(void) {
     return s == ON;
 }
 
+const char *shim_root(void) { return shim_enabled() ? g_root : NULL; }
+
 /* ---- which paths ------------------------------------------------------------------- */
 
 static int starts(const char *p, const char *prefix, size_t n) { return strncmp(p, prefix, n) == 0; }

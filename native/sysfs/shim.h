@@ -41,6 +41,9 @@ __asm__(".symver dlsym,dlsym@GLIBC_2.17");
 /* MOKKA_SYSFS_ROOT names a staged tree (the hooks rewrite paths). */
 int shim_enabled(void);
 
+/* The staged root (canonical, no trailing '/'), or NULL when the shim is off. */
+const char *shim_root(void);
+
 /* `path` under the staged root in `buf` (PATH_MAX), or NULL when it is not redirected. */
 const char *shim_map(const char *path, char *buf);
 

@@ -8,6 +8,11 @@
  * responder as one message; the answer (mad.c) comes back as one message, which read() and poll()
  * see as they see the kernel's. The ioctls ib_umad takes (agent registration, P_Key index mode)
  * are answered for these descriptors alone; every other descriptor goes to the next ioctl().
+ *
+ * A class the port's agents and the subnet do not answer (mad.c) is another process's: an agent
+ * registered with methods to serve (ibping -S) gets the requests other processes send to its
+ * port's LID, and its responses go back to them; a request of such a class goes to the process
+ * that serves it (relay.c).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -27,6 +32,7 @@
 
 #include "adapter.h"
 #include "mad.h"
+#include "relay.h"
 #include "shim.h"
 
 enum { FDS = 4096 }; /* descriptors tracked; a umad device opened above this is not answered */
@@ -49,11 +55,29 @@ static void track(int fd, int on) {
 
 /* ---- the responder ---------------------------------------------------------------------- */
 
+enum {
+    CLASS_SMI = 0x01,
+    CLASS_SMI_DIRECT = 0x81,
+    CLASS_PERF = 0x04,
+    METHOD_RESPONSE = 0x80, /* the response bit of a MAD's method */
+    RELAY_MIN_MS = 100,
+    RELAY_MAX_MS = 10000,
+};
+
 struct responder {
     int fd;
     char ca[64]; /* the adapter and port this umad device is */
     int port;
 };
+
+static struct responder *g_responders[FDS]; /* by the program's descriptor, while it is open */
+
+/* How long a relayed request may wait: what the program asked of the kernel (its timeout, each
+ * retry), within bounds. */
+static int relay_wait(const struct ib_user_mad *um) {
+    long ms = (long)um->hdr.timeout_ms * (long)(um->hdr.retries + 1);
+    return ms < RELAY_MIN_MS ? RELAY_MIN_MS : ms > RELAY_MAX_MS ? RELAY_MAX_MS : (int)ms;
+}
 
 static void *serve(void *arg) {
     struct responder *r = arg;
@@ -66,11 +90,20 @@ static void *serve(void *arg) {
             continue;
         struct ib_user_mad *um = (struct ib_user_mad *)msg;
         uint8_t *mad = msg + sizeof(struct ib_user_mad);
-        if (!mad_answer(r->ca, r->port, mad, ntohs(um->hdr.lid)))
+        uint8_t cls = mad[1];
+        unsigned lid = (unsigned)adapter_port_num(r->ca, r->port, "lid"), dlid = ntohs(um->hdr.lid);
+        if (mad[3] & METHOD_RESPONSE) { /* a served request's answer */
+            relay_respond(msg, sizeof msg);
             continue;
-        um->hdr.status = 0;
+        }
+        if (mad_answer(r->ca, r->port, mad, (uint16_t)dlid)) {
+            um->hdr.status = 0;
+            um->hdr.lid = htons((uint16_t)lid);
+        } else if (cls == CLASS_SMI || cls == CLASS_SMI_DIRECT || cls == CLASS_PERF ||
+                   !relay_request(msg, sizeof msg, lid, dlid, cls, relay_wait(um))) {
+            continue; /* nobody answers: the program times out */
+        }
         um->hdr.length = (uint32_t)sizeof msg;
-        um->hdr.lid = htons((uint16_t)adapter_port_num(r->ca, r->port, "lid"));
         if (send(r->fd, msg, sizeof msg, MSG_NOSIGNAL) < 0)
             break;
     }
@@ -131,8 +164,20 @@ int umad_open(const char *path, int flags) {
         errno = err;
         return -1;
     }
+    __atomic_store_n(&g_responders[sv[0]], r, __ATOMIC_RELEASE);
     track(sv[0], 1);
     return sv[0];
+}
+
+/* An agent registered on `fd` with methods to serve (a bit of `methods` set): it serves its
+ * class on the port's LID for other processes. */
+static void registered(int fd, uint32_t agent, uint8_t cls, const void *methods, size_t size) {
+    static const uint8_t none[16];
+    struct responder *r = __atomic_load_n(&g_responders[fd], __ATOMIC_ACQUIRE);
+    if (r == NULL || memcmp(methods, none, size) == 0 || cls == CLASS_SMI || cls == CLASS_SMI_DIRECT ||
+        cls == CLASS_PERF)
+        return;
+    (void)relay_serve(r->fd, (unsigned)adapter_port_num(r->ca, r->port, "lid"), cls, agent);
 }
 
 /* ---- ib_umad's ioctls, and forgetting a closed descriptor -------------------------------- */
@@ -146,12 +191,18 @@ HOOK int ioctl(int fd, unsigned long request, ...) {
         return CALL(ioctl, -1, fd, request, arg);
     static uint32_t next_agent;
     switch (request) {
-    case IB_USER_MAD_REGISTER_AGENT:
-        ((struct ib_user_mad_reg_req *)arg)->id = __atomic_fetch_add(&next_agent, 1, __ATOMIC_RELAXED);
+    case IB_USER_MAD_REGISTER_AGENT: {
+        struct ib_user_mad_reg_req *req = arg;
+        req->id = __atomic_fetch_add(&next_agent, 1, __ATOMIC_RELAXED);
+        registered(fd, req->id, req->mgmt_class, req->method_mask, sizeof req->method_mask);
         return 0;
-    case IB_USER_MAD_REGISTER_AGENT2:
-        ((struct ib_user_mad_reg_req2 *)arg)->id = __atomic_fetch_add(&next_agent, 1, __ATOMIC_RELAXED);
+    }
+    case IB_USER_MAD_REGISTER_AGENT2: {
+        struct ib_user_mad_reg_req2 *req = arg;
+        req->id = __atomic_fetch_add(&next_agent, 1, __ATOMIC_RELAXED);
+        registered(fd, req->id, req->mgmt_class, req->method_mask, sizeof req->method_mask);
         return 0;
+    }
     case IB_USER_MAD_UNREGISTER_AGENT:
     case IB_USER_MAD_ENABLE_PKEY:
         return 0;
@@ -162,7 +213,9 @@ HOOK int ioctl(int fd, unsigned long request, ...) {
 }
 
 HOOK int close(int fd) {
-    if (tracked(fd))
+    if (tracked(fd)) {
+        __atomic_store_n(&g_responders[fd], NULL, __ATOMIC_RELEASE);
         track(fd, 0);
+    }
     return CALL(close, -1, fd);
 }
