@@ -25,6 +25,7 @@ LOCATIONS = {
     "sram": 7,
 }
 MAX_COUNT = 1_000_000_000
+MAX_OCTETS = 1 << 50  # a PiB: beyond what a port moves in a test's lifetime
 
 
 class _Fault(BaseModel):
@@ -202,13 +203,21 @@ class IbLinkErrors(_Fault):
     count: int = Field(ge=1, le=MAX_COUNT)
 
 
+class IbTraffic(_Fault):
+    """Traffic through a live InfiniBand port: ``octets`` sent and as many received, counted as a
+    port counts them (data in 4-octet words, packets of the 4096-octet MTU, all unicast)."""
+
+    kind: Literal["ib-traffic"] = "ib-traffic"
+    octets: int = Field(ge=1, le=MAX_OCTETS)
+
+
 class IbClear(_Fault):
     """An InfiniBand port as staged: up, its LID back, every counter 0."""
 
     kind: Literal["ib-clear"] = "ib-clear"
 
 
-IB_KINDS = ("ib-port-down", "ib-link-errors", "ib-clear")
+IB_KINDS = ("ib-port-down", "ib-link-errors", "ib-traffic", "ib-clear")
 
 
 class Clear(_Fault):
@@ -234,6 +243,7 @@ Fault = Annotated[
     | Fabric
     | IbPortDown
     | IbLinkErrors
+    | IbTraffic
     | IbClear
     | Clear,
     Field(discriminator="kind"),
@@ -254,6 +264,7 @@ KINDS = (
     "fabric",
     "ib-port-down",
     "ib-link-errors",
+    "ib-traffic",
     "ib-clear",
     "clear",
 )

@@ -2,7 +2,7 @@
 
 The ports live in the node's sysfs tree (staged by ``hostsetup/infiniband.py``); every reader
 (``ibstat``, the shim's MAD responder, containers through the NRI plugin's mount) sees a change
-at once. ``mokka fault ib-port-down | ib-link-errors | ib-clear`` and fault scenarios (steps
+at once. ``mokka fault ib-port-down | ib-link-errors | ib-traffic | ib-clear`` and fault scenarios (steps
 with ``hca``: the cluster's fault ConfigMap too) go through these functions alone.
 """
 
@@ -14,9 +14,12 @@ from typing import Any
 from . import atomic, fabric
 from .infiniband import lid_of
 
+MTU = 4096  # octets per packet: the adapters' active MTU
+
 __all__ = [
     "PortFaultError",
     "add_link_errors",
+    "add_traffic",
     "apply",
     "clear_all",
     "clear_port",
@@ -110,6 +113,24 @@ def add_link_errors(root: Path, hca: int, port: int, symbols: int) -> str:
     return f"mlx5_{hca} port {port}: SymbolErrorCounter {total}"
 
 
+def add_traffic(root: Path, hca: int, port: int, octets: int) -> str:
+    """Traffic through a live port: ``octets`` sent and as many received, as the port counts them:
+    PortXmitData/PortRcvData in 4-octet words, PortXmitPkts/PortRcvPkts (and their unicast
+    counters) in packets of the 4096-octet MTU."""
+    if octets < 1:
+        raise PortFaultError(f"--bytes {octets}: at least 1 octet")
+    pdir = port_dir(root, hca, port)
+    if not port_up(pdir):
+        raise PortFaultError(f"mlx5_{hca} port {port} is down: a link that is down carries no traffic")
+    words, packets = -(-octets // 4), -(-octets // MTU)
+    added = {"port_xmit_data": words, "port_rcv_data": words}
+    added |= {f"{kind}_{way}_packets": packets for kind in ("port", "unicast") for way in ("xmit", "rcv")}
+    for name, n in added.items():
+        write_value(pdir / "counters" / name, str(_read_int(pdir / "counters" / name) + n))
+    total = _read_int(pdir / "counters/port_xmit_data")
+    return f"mlx5_{hca} port {port}: PortXmitData {total} (4-octet words), {packets} packets each way"
+
+
 def clear_port(root: Path, hca: int, port: int) -> str:
     """The port as staged: up, every counter back to 0."""
     pdir = port_dir(root, hca, port)
@@ -146,11 +167,14 @@ def clear_all(root: Path) -> list[str]:
 
 
 def apply(root: Path, hca: int, port: int, fault: Any) -> str:
-    """A scenario's InfiniBand fault (:mod:`gpumodel.faultspec`: ib-port-down, ib-link-errors, ib-clear)."""
+    """A scenario's InfiniBand fault (:mod:`gpumodel.faultspec`: ib-port-down, ib-link-errors, ib-traffic,
+    ib-clear)."""
     if fault.kind == "ib-port-down":
         return set_link(root, hca, port, up=False)
     if fault.kind == "ib-link-errors":
         return add_link_errors(root, hca, port, fault.count)
+    if fault.kind == "ib-traffic":
+        return add_traffic(root, hca, port, fault.octets)
     if fault.kind == "ib-clear":
         return clear_port(root, hca, port)
     raise ValueError(f"not an InfiniBand fault: {fault.kind}")

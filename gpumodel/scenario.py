@@ -27,7 +27,7 @@ Each step names one fault, by the kind `mokka fault` uses (``xid``, ``lost``, ``
 ``clocks``, ``nvlink``, ``nvlink-errors``, ``fabric``, ``clear``), with the same fields
 (:mod:`gpumodel.faultspec`). An InfiniBand step names an adapter of the node instead of GPUs
 (``hca: 2``, optionally ``port: 1``) and one of ``ib-port-down: true``, ``ib-link-errors: 25``,
-``ib-clear: true``. A scalar stands for the kind's main value (``xid: 79``,
+``ib-traffic: 1000000`` (octets each way), ``ib-clear: true``. A scalar stands for the kind's main value (``xid: 79``,
 ``temperature: 90``, ``fabric: in-progress``, ``lost: true``). ``to`` names the main value of a ramp and ``over``
 its duration. Durations: ``90``, ``1.5s``, ``500ms``, ``2m``, ``1h``, ``2m30s``.
 
@@ -60,6 +60,7 @@ MAX_OCCURRENCES = 100_000
 # The field a scalar stands for, per kind.
 MAIN_FIELD = {
     "ib-link-errors": "count",
+    "ib-traffic": "octets",
     "xid": "code",
     "temperature": "celsius",
     "power": "watts",

@@ -637,9 +637,34 @@ def test_perfquery_counts_injected_link_errors(node: Path) -> None:
     assert "SymbolErrorCounter:..............0" in out and "LinkErrorRecoveryCounter:........0" in out, out
 
 
+def test_perfquery_counts_injected_traffic(node: Path) -> None:
+    """`mokka fault ib-traffic`: the port counts the octets each way in 4-octet words (PortXmitData,
+    PortRcvData: 32 bits in perfquery's PortCounters, saturated; 64 in -x) and in 4096-octet
+    packets; a port that is down carries none."""
+    perfquery = [tool("perfquery"), "-C", "mlx5_5"]
+    res = mokka("fault", "ib-traffic", "--hca", "5", "--bytes", "1000000", "--root", str(node))
+    assert res.returncode == 0 and "mlx5_5 port 1: PortXmitData 250000 (4-octet words)" in res.stdout, res.stderr
+    out = shimmed(node, perfquery).stdout
+    assert "PortXmitData:....................250000" in out and "PortRcvData:.....................250000" in out
+    assert "PortXmitPkts:....................245" in out and "PortRcvPkts:.....................245" in out, out
+    assert mokka("fault", "ib-traffic", "--hca", "5", "--bytes", str(1 << 40), "--root", str(node)).returncode == 0
+    assert "PortXmitData:....................4294967295" in shimmed(node, perfquery).stdout  # 32 bits, saturated
+    assert f"PortXmitData:....................{250000 + (1 << 38)}" in shimmed(node, [*perfquery, "-x"]).stdout
+    try:
+        assert mokka("fault", "ib-port-down", "--hca", "5", "--root", str(node)).returncode == 0
+        res = mokka("fault", "ib-traffic", "--hca", "5", "--root", str(node))
+        assert res.returncode != 0 and res.stderr.strip().splitlines() == [
+            "mokka: error: mlx5_5 port 1 is down: a link that is down carries no traffic"
+        ]
+    finally:
+        assert mokka("fault", "ib-clear", "--hca", "5", "--root", str(node)).returncode == 0
+    assert "PortXmitData:....................0" in shimmed(node, perfquery).stdout
+
+
 SCENARIO = """
 steps:
   - {hca: 1, ib-link-errors: 12}
+  - {hca: 0, ib-traffic: 4096}
   - {at: 0.2s, hca: [2, 3], ib-port-down: true}
   - {at: 0.2s, gpu: 0, xid: 79}
 """
@@ -655,6 +680,7 @@ def test_a_scenario_steps_on_the_adapters(tmp_path: Path) -> None:
     assert "mlx5_1 port 1: ib-link-errors count=12" in res.stdout and "mlx5_2,mlx5_3 port 1: ib-port-down" in res.stdout
     ports = root / "sys/class/infiniband"
     assert (ports / "mlx5_1/ports/1/counters/symbol_error").read_text() == "12\n"
+    assert (ports / "mlx5_0/ports/1/counters/port_xmit_data").read_text() == "1024\n"
     assert [(ports / f"mlx5_{i}/ports/1/state").read_text() for i in (2, 3, 0)] == ["1: DOWN\n"] * 2 + ["4: ACTIVE\n"]
 
 
@@ -665,6 +691,7 @@ def test_a_scenario_steps_on_the_adapters(tmp_path: Path) -> None:
         ("steps:\n  - {hca: 0, gpu: 1, ib-clear: true}\n", "s.yaml: steps.0: ib-clear names its adapter"),
         ("steps:\n  - {hca: 0, xid: 79}\n", "s.yaml: steps.0: xid names GPUs, not hca"),
         ("steps:\n  - {hca: 0, ib-link-errors: 0}\n", "s.yaml: steps.0.ib-link-errors.count: Input should be greater"),
+        ("steps:\n  - {hca: 0, ib-traffic: -1}\n", "s.yaml: steps.0.ib-traffic.octets: Input should be greater"),
         ("steps:\n  - {gpu: 0, xid: 13}\n  - {hca: 6, ib-port-down: true}\n", "s.yaml: steps.1: --hca 6: no adapter"),
     ],
 )
@@ -710,6 +737,7 @@ def test_the_fault_config_map_reaches_the_adapters(tmp_path: Path) -> None:
         (["ib-port-down", "--hca", "8"], r"^mokka: error: --hca 8: no adapter mlx5_8 on this node \(it has mlx5_0, "),
         (["ib-clear", "--hca", "0", "--port", "2"], r"^mokka: error: --port 2: mlx5_0 has port 1$"),
         (["ib-link-errors", "--hca", "0", "--count", "0"], r"^mokka: error: --count 0: at least 1 symbol error$"),
+        (["ib-traffic", "--hca", "0", "--bytes", "0"], r"^mokka: error: --bytes 0: at least 1 octet$"),
     ],
 )
 def test_bad_port_faults_are_one_line_and_change_nothing(node: Path, args: list[str], message: str) -> None:

@@ -1,4 +1,5 @@
-"""`mokka fault ib-port-down | ib-link-errors | ib-clear`: InfiniBand port faults on a staged node.
+"""`mokka fault ib-port-down | ib-link-errors | ib-traffic | ib-clear`: InfiniBand port faults (and traffic)
+on a staged node.
 
 The adapters' ports live in the node's sysfs tree (gpumodel/ib_ports.py changes them), which
 containers see through the sysfs shim; these commands change the port's files in place, so the
@@ -77,6 +78,22 @@ def ib_link_errors(hca: int, port: int, root: Path | None, node: str | None, clu
 
     where = _root(root, node, cluster_dir)
     _run(lambda: ib_ports.add_link_errors(where, hca, port, count), node, cluster_dir)
+
+
+@fault.command("ib-traffic")
+@_where
+@click.option(
+    "--bytes", "octets", type=int, default=1 << 30, show_default=True, help="Octets sent, and as many received."
+)
+def ib_traffic(hca: int, port: int, root: Path | None, node: str | None, cluster_dir: Path, octets: int) -> None:
+    """Traffic through a live port (no data path is simulated: the counters say it passed): BYTES
+    sent and as many received, counted as the port counts them: PortXmitData and PortRcvData in
+    4-octet words, PortXmitPkts, PortRcvPkts and their unicast counters in 4096-octet packets
+    (perfquery, perfquery -x, the counters/ files)."""
+    from gpumodel import ib_ports
+
+    where = _root(root, node, cluster_dir)
+    _run(lambda: ib_ports.add_traffic(where, hca, port, octets), node, cluster_dir)
 
 
 @fault.command("ib-clear")
