@@ -43,9 +43,18 @@ COPY bench/ bench/
 COPY mokka/ mokka/
 # `pip install .` compiles native/ (nvml.h from PyPI's nvidia-nvml-dev, a build requirement
 # installed above) and ships the libraries inside the package; kubernetes is the node-identity client.
+# Then the kubelet's plugin API bindings `mokka dra-plugin` speaks (dra.enabled in the chart), compiled
+# into the installed package (python -P: not the sources' copy in the working directory) from the k8s.io/kubelet protos on the
+# Go module proxy (fetched over HTTPS, checked against their go.sum hashes; no Go toolchain), as a pod
+# could not do at run time.
 # hadolint ignore=DL3013
 RUN /opt/mokka/venv/bin/pip install --no-cache-dir --no-build-isolation --no-deps . \
-    && /opt/mokka/venv/bin/mokka --version
+    && /opt/mokka/venv/bin/mokka --version \
+    && cert="$(python3 -c 'import configparser, os; c = configparser.ConfigParser(); c.read(os.path.expanduser("~/.config/pip/pip.conf")); print(c.get("global", "cert", fallback=""))')" \
+    && if [ -n "${cert}" ]; then export SSL_CERT_FILE="${cert}"; fi \
+    && MOKKA_CACHE=/tmp/mokka-cache /opt/mokka/venv/bin/python -P -m fetch.kubelet_api \
+    && rm -rf /tmp/mokka-cache \
+    && /opt/mokka/venv/bin/python -P -c "import k8snode.dra.api"
 
 # nvidia-smi from Debian's non-free archive (550: trixie, 535: bookworm), verified and
 # unpacked by fetch.nvidia_smi; empty NVIDIA_SMI builds an image without it.

@@ -164,6 +164,13 @@ MATRIX: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
         (),
     ),
     "faults-no-rbac": ({"faults": {"enabled": True}, "rbac": {"create": False}}, "1.31.0", ()),
+    "dra": ({"dra": {"enabled": True}}, "1.33.0", (VAP,)),
+    "dra-gpus-alone": (
+        {"dra": {"enabled": True, "nicDriverName": "", "deviceClasses": False}, "nodeInfo": {"enabled": False}},
+        "1.31.0",
+        (VAP,),
+    ),
+    "dra-no-cleanup": ({"dra": {"enabled": True}, "hostSetup": {"cleanupOnTermination": False}}, "1.31.0", (VAP,)),
     **{f"profile-{n}": ({"gpu": {"profile": n}}, "1.31.0", ()) for n in profile.builtin_names()},
 }
 
@@ -175,7 +182,10 @@ def test_renders_valid_manifests(render: Callable[..., Docs], case: str) -> None
     hooks = [d for d in docs if is_hook(d)]
     docs = [d for d in docs if not is_hook(d)]
     check_daemonset(docs, values)
-    check_rbac(docs, values, policy_expected=bool(apis) or values.get("rbac", {}).get("ownNodePolicy") is True)
+    policy_expected = bool(apis) or values.get("rbac", {}).get("ownNodePolicy") is True
+    dra_docs = [d for d in docs if d["metadata"]["name"].startswith(f"{RELEASE}-mokka-dra")]
+    check_rbac([d for d in docs if d not in dra_docs], values, policy_expected)
+    check_dra_rbac(dra_docs, values, policy_expected)
     check_uninstall_hook(hooks, docs, values)
 
 
@@ -184,7 +194,8 @@ def check_uninstall_hook(hooks: Docs, docs: Docs, given: dict[str, Any]) -> None
     only when the chart made that RBAC and the preStop exists; it may get and delete that DaemonSet,
     nothing else, and prefers the DaemonSet's nodes without being bound to them."""
     v = merged(given)
-    if not (v["hostSetup"]["cleanupOnTermination"] and v["nodeInfo"]["enabled"] and v["rbac"]["create"]):
+    rbac = (v["nodeInfo"]["enabled"] or v["dra"]["enabled"]) and v["rbac"]["create"]
+    if not (v["hostSetup"]["cleanupOnTermination"] and rbac):
         assert hooks == []
         return
     assert kinds(hooks) == ["Job", "Role", "RoleBinding", "ServiceAccount"]
@@ -260,6 +271,7 @@ def check_daemonset(docs: Docs, given: dict[str, Any]) -> None:
     assert [c["name"] for c in spec["containers"]] == [
         "nri-plugin",
         *(["fault-watcher"] if v["faults"]["enabled"] else []),
+        *(["dra-plugin"] if v["dra"]["enabled"] else []),
     ]
 
     # Privileged only where staging needs it.
@@ -279,7 +291,7 @@ def check_daemonset(docs: Docs, given: dict[str, Any]) -> None:
     assert args == {
         "--socket": v["plugin"]["socket"],
         "--idx": str(v["plugin"]["idx"]),
-        "--allocator": v["plugin"]["allocator"],
+        "--allocator": "external" if v["dra"]["enabled"] else v["plugin"]["allocator"],
         "--root": v["hostSetup"]["root"],
         "--health-addr": f"0.0.0.0:{v['plugin']['healthPort']}",
     }
@@ -310,9 +322,11 @@ def check_daemonset(docs: Docs, given: dict[str, Any]) -> None:
         assert node_args[node_args.index("--profile") + 1] == want_profile
         assert spec["automountServiceAccountToken"] is True
     else:
-        assert spec["automountServiceAccountToken"] is v["faults"]["enabled"]
+        assert spec["automountServiceAccountToken"] is (v["faults"]["enabled"] or v["dra"]["enabled"])
     if v["faults"]["enabled"]:
         check_fault_watcher(docs, v)
+    if v["dra"]["enabled"]:
+        check_dra_plugin(docs, v)
 
     # Every mount names a volume, every volume is mounted, host paths are where the CLI looks.
     volumes = {vol["name"]: vol for vol in spec["volumes"]}
@@ -357,6 +371,65 @@ def check_fault_watcher(docs: Docs, v: dict[str, Any]) -> None:
     assert len(made) == int(v["faults"]["create"])
     if made:
         assert made[0]["data"] == {} and made[0]["metadata"]["namespace"] == NAMESPACE
+
+
+def check_dra_plugin(docs: Docs, v: dict[str, Any]) -> None:
+    """`mokka dra-plugin` on the staged root, kubelet's plugin directories and the CDI directory at the
+    node's paths, root without privileges; its preStop unpublishes the node's slices of both drivers."""
+    dra = v["dra"]
+    plugin = containers(docs)["dra-plugin"]
+    names = ["--driver-name", dra["driverName"], "--nic-driver-name", dra["nicDriverName"]]
+    assert plugin["command"] == ["mokka", "dra-plugin"]
+    assert plugin["args"] == [
+        *names, "--root", v["hostSetup"]["root"], "--kubelet-dir", dra["kubeletDir"], "--cdi-dir", dra["cdiDir"],
+        "--device-class" if dra["deviceClasses"] else "--no-device-class",
+    ]  # fmt: skip
+    pre_stop = plugin.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+    assert pre_stop == (
+        ["mokka", "dra-plugin", "--unpublish", *names] if v["hostSetup"]["cleanupOnTermination"] else None
+    )
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in plugin["env"]} == {"NODE_NAME": "spec.nodeName"}
+    sc = plugin["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True and sc["runAsUser"] == 0
+    assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in plugin["volumeMounts"]}
+    assert mounts == {
+        v["hostSetup"]["root"]: True,
+        f"{dra['kubeletDir']}/plugins": False,
+        f"{dra['kubeletDir']}/plugins_registry": False,
+        dra["cdiDir"]: False,
+        "/tmp": False,
+    }
+
+
+def check_dra_rbac(docs: Docs, given: dict[str, Any], policy_expected: bool) -> None:
+    """The DRA plugin's ClusterRole: its slices, the claims it prepares, the Node, the DeviceClasses it
+    may create; with the own-node policy, slices only of the pod's own Node."""
+    v = merged(given)
+    if not (v["dra"]["enabled"] and v["rbac"]["create"]):
+        assert docs == []
+        return
+    rules = [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+         "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    ]  # fmt: skip
+    if v["dra"]["deviceClasses"]:
+        rules.append({"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["get", "create"]})
+    assert one(docs, "ClusterRole")["rules"] == rules
+    sa = pod_spec(docs)["serviceAccountName"] if any(d["kind"] == "DaemonSet" for d in docs) else None
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"]
+    assert [s["name"] for s in binding["subjects"]] == [sa or f"{RELEASE}-mokka"]
+    policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    if policy_expected and v["rbac"]["ownNodePolicy"] is not False:
+        policy = one(docs, "ValidatingAdmissionPolicy")
+        assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["resourceslices"]
+        assert "spec.nodeName" in policy["spec"]["validations"][0]["expression"]
+        assert one(docs, "ValidatingAdmissionPolicyBinding")["spec"]["policyName"] == policy["metadata"]["name"]
+    else:
+        assert policies == []
 
 
 def check_rbac(docs: Docs, given: dict[str, Any], policy_expected: bool) -> None:

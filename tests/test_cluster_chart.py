@@ -1,7 +1,8 @@
 """The Helm chart on a real API server (the session cluster): `helm template` applied server-side
-with strict field validation; the node component's RBAC is exactly get/patch of Nodes (a denied call
-is made with the ServiceAccount's own token); the ValidatingAdmissionPolicy's CEL allows a label
-change by a token bound to a pod on that node and rejects a spec change and an unbound token; the
+with strict field validation; the node component's RBAC is get/patch of Nodes (a denied call is
+made with the ServiceAccount's own token) and, with dra.enabled, the DRA plugin's ResourceSlices;
+the ValidatingAdmissionPolicies' CEL allows a label change (and a slice of its node) by a token
+bound to a pod on that node and rejects a spec change, another node's slice and an unbound token; the
 fake-gpu-operator profile ConfigMaps land in the target namespace; k8snode.nodeinfo's labels land
 on the real Node and are undone."""
 
@@ -45,7 +46,7 @@ def release(kube_cluster: Cluster, helm: Path) -> Iterator[list[dict[str, Any]]]
     server = json.loads(version)["serverVersion"]["gitVersion"].lstrip("v")
     argv = [str(helm), "template", RELEASE, str(test_chart.CHART), "--namespace", NAMESPACE, "--kube-version", server]
     argv += ["--api-versions", test_chart.VAP]
-    argv += ["--set", "integrations.fakeGpuOperator.enabled=true"]
+    argv += ["--set", "integrations.fakeGpuOperator.enabled=true", "--set", "dra.enabled=true"]
     argv += ["--set", f"integrations.fakeGpuOperator.targetNamespace={FGO_NAMESPACE}"]
     # The DaemonSet's pods stay off this node: no Mokka image here (the objects are what is checked).
     argv += ["--set-string", "nodeSelector.mokka\\.io/no-such-node=true"]
@@ -169,6 +170,40 @@ def test_policy_rejects_a_token_not_bound_to_a_pod_on_the_node(core: Any, releas
     body = forbidden(lambda: api.patch_node(NODE, {"metadata": {"labels": {PROBE: "no"}}}))
     assert "Mokka may change only the Node its pod runs on" in body, body
     assert PROBE not in (core.read_node(NODE).metadata.labels or {})
+
+
+def slice_body(node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"probe-{node}"},
+        "spec": {"driver": "probe.mokka.io", "nodeName": node, "pool": {"name": node, "generation": 1,
+                 "resourceSliceCount": 1}, "devices": []},
+    }  # fmt: skip
+
+
+def test_dra_policy_allows_slices_of_the_pods_node_alone(core: Any, pod_on_node: Any, client_for: Any) -> None:
+    """dra.enabled: the DRA plugin's token may create and delete a ResourceSlice of its own node; another
+    node's, or one written with a token bound to no pod, is refused by the policy in one line."""
+    from kubernetes import client
+
+    own = client.ResourceV1Api(client_for(token(core, pod_on_node)).api_client)
+    unbound = client.ResourceV1Api(client_for(token(core)).api_client)
+    admin = client.ResourceV1Api(core.api_client)
+    try:
+        own.create_resource_slice(slice_body(NODE))
+        body = forbidden(lambda: own.create_resource_slice(slice_body("other-node")))
+        assert "Mokka may publish devices only of the Node its pod runs on" in body, body
+        body = forbidden(lambda: unbound.delete_resource_slice(f"probe-{NODE}"))
+        assert "Mokka may publish devices only of the Node its pod runs on" in body, body
+        own.delete_resource_slice(f"probe-{NODE}")
+    finally:
+        for node in (NODE, "other-node"):
+            try:
+                admin.delete_resource_slice(f"probe-{node}")
+            except client.ApiException as exc:
+                assert exc.status == 404, exc
+    forbidden(lambda: own.list_resource_claim_for_all_namespaces())  # claims: get alone, by name
 
 
 def test_fgo_profile_configmaps_in_the_target_namespace(release: Any, core: Any) -> None:

@@ -72,6 +72,7 @@ echo "smi=$(test -x /usr/local/lib/mokka/nvidia-smi && stat -c '%a:%U' /usr/loca
 echo "gfd=$(gpu-feature-discovery --version 2>&1 | head -n 1)"
 echo "kwok=$(kwok --version 2>&1 | head -n 1)"
 echo "stages=$(ls /usr/local/share/mokka/kwok | tr '\n' ' ')"
+echo "kubelet_api=$(python3 -c 'from k8snode.dra import api; print(",".join(n for n, _ in api.DRA_SERVICES))' 2>&1 | tail -n 1)"
 echo "pages=$(find /usr/share/man /usr/share/info -type f | wc -l)"
 echo "apt_doc=$(ls /usr/share/doc/apt | tr '\n' ' ')"
 echo "uris=$(sed -n 's/^URIs: //p' /etc/apt/sources.list.d/debian.sources | tr '\n' ' ')"
@@ -128,6 +129,12 @@ def test_the_fleets_programs_where_the_chart_expects_them(probe: dict[str, str])
     assert probe["gfd"] == f"GPU Feature Discovery version {versions.DEVICE_PLUGIN}", probe
     assert versions.KWOK in probe["kwok"], probe
     assert probe["stages"].split() == sorted(Path(s).name for s in binaries.KWOK_STAGES), probe
+
+
+def test_the_dra_plugins_kubelet_api_is_compiled_in(probe: dict[str, str]) -> None:
+    """`mokka dra-plugin` (the chart's dra.enabled) speaks the kubelet's plugin APIs: their bindings are
+    compiled at build time, since a pod has neither the network nor a writable package to do it."""
+    assert probe["kubelet_api"] == "v1.DRAPlugin,v1beta1.DRAPlugin", probe
 
 
 def test_runs_as_uid_10001(probe: dict[str, str]) -> None:

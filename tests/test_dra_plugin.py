@@ -605,6 +605,7 @@ def test_help_explains() -> None:
             "mokka: error: no CDI spec /nonexistent/nvidia.com-gpu.json",
         ),
         (["--kubeconfig", "/nonexistent/kubeconfig"], "mokka: error: no Kubernetes API configuration"),
+        (["--unpublish", "--kubeconfig", "/nonexistent/kubeconfig"], "mokka: error: no Kubernetes API configuration"),
     ],
 )
 def test_bad_input_is_one_line_and_changes_nothing(

@@ -79,6 +79,12 @@ def hca_cdi_spec(layout: NodeLayout, kind: str) -> dict[str, Any] | None:
     help="Create the DeviceClasses <driver-name> (as NVIDIA's chart does) and <nic-driver-name>, unless the "
     "cluster has them.",
 )
+@click.option(
+    "--unpublish",
+    is_flag=True,
+    help="Instead of serving: delete this node's ResourceSlices of both drivers and exit (the chart's preStop "
+    "does, so that a node left by the plugin advertises no devices).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging (gRPC and HTTP).")
 def dra_plugin(
     root: Path,
@@ -92,6 +98,7 @@ def dra_plugin(
     nic_cdi_kind: str,
     write_cdi_spec: bool,
     device_class: bool,
+    unpublish: bool,
     verbose: bool,
 ) -> None:
     """Run the DRA kubelet plugin: the node's mock GPUs, allocated by the scheduler through DRA.
@@ -112,7 +119,8 @@ def dra_plugin(
 
     Logs one line per prepare/unprepare (claim, devices, CDI IDs, or why not). Needs root (kubelet's
     directories) and API access to ResourceSlices, ResourceClaims (read) and DeviceClasses.
-    Stops on SIGTERM/SIGINT, removing its sockets; the ResourceSlice stays for the next run.
+    Stops on SIGTERM/SIGINT, removing its sockets; the ResourceSlice stays for the next run
+    (--unpublish deletes it).
     """
     import asyncio
     import logging
@@ -120,6 +128,10 @@ def dra_plugin(
     import cdi as cdi_pkg
     from gpumodel import nodelayout
 
+    node = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+    if unpublish:
+        _unpublish(kubeconfig, node, [name for name in (driver_name, nic_driver_name) if name])
+        return
     try:
         from k8snode.dra import api, cluster, plugin  # noqa: F401 - api fails here without the bindings
     except ImportError as exc:  # the generated kubelet API bindings are missing
@@ -136,7 +148,6 @@ def dra_plugin(
         fail(f"{root}/node.json not found: run `mokka host setup --root {root}` first")
     except (OSError, ValueError, TypeError, KeyError) as exc:
         fail(f"cannot read {root}/node.json: {exc}")
-    node = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
     # Everything is checked before anything is written: bad input changes nothing.
     specs = []  # (spec, its path in cdi_dir)
     try:
@@ -185,3 +196,16 @@ def dra_plugin(
         fail(str(exc))
     except KeyboardInterrupt:
         pass
+
+
+def _unpublish(kubeconfig: Path | None, node: str, drivers: list[str]) -> None:
+    """Delete ``node``'s ResourceSlices of ``drivers``, saying how many went."""
+    from k8snode.dra import cluster
+
+    try:
+        client = cluster.load_client(str(kubeconfig) if kubeconfig else None)
+        for driver in drivers:
+            count = cluster.Cluster(client, node, driver).unpublish()
+            click.echo(f"node {node}: {count} ResourceSlice(s) of driver {driver} deleted")
+    except cluster.ClusterError as exc:
+        fail(str(exc))

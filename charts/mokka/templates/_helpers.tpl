@@ -77,14 +77,30 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- and .Values.nodeInfo.enabled .Values.rbac.create }}
 {{- end }}
 
-{{/* Whether to render the own-node ValidatingAdmissionPolicy. */}}
-{{- define "mokka.ownNodePolicy" -}}
+{{/* Whether rbac.ownNodePolicy asks for own-node ValidatingAdmissionPolicies (and the cluster serves them). */}}
+{{- define "mokka.policyWanted" -}}
 {{- $mode := toString .Values.rbac.ownNodePolicy }}
-{{- if and .Values.nodeInfo.enabled .Values.rbac.create }}
 {{- if eq $mode "true" }}true
 {{- else if and (eq $mode "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") }}true
 {{- end }}
 {{- end }}
+
+{{/* Whether to render the own-node ValidatingAdmissionPolicy of the node labeller's RBAC. */}}
+{{- define "mokka.ownNodePolicy" -}}
+{{- and (eq (include "mokka.nodeInfoRbac" .) "true") (eq (include "mokka.policyWanted" .) "true") }}
+{{- end }}
+
+{{/* `mokka dra-plugin`'s driver names, as YAML list items (its container's args and its preStop's). */}}
+{{- define "mokka.draArgs" -}}
+- --driver-name
+- {{ .Values.dra.driverName | quote }}
+- --nic-driver-name
+- {{ .Values.dra.nicDriverName | quote }}
+{{- end }}
+
+{{/* Whether to render the DRA plugin's RBAC (dra.yaml). */}}
+{{- define "mokka.draRbac" -}}
+{{- and .Values.dra.enabled .Values.rbac.create }}
 {{- end }}
 
 {{/* The fault ConfigMap's name (faults.enabled). */}}
