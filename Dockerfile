@@ -44,9 +44,9 @@ COPY mokka/ mokka/
 # `pip install .` compiles native/ (nvml.h from PyPI's nvidia-nvml-dev, a build requirement
 # installed above) and ships the libraries inside the package; kubernetes is the node-identity client.
 # Then the kubelet's plugin API bindings `mokka dra-plugin` speaks (dra.enabled in the chart), compiled
-# into the installed package (python -P: not the sources' copy in the working directory) from the k8s.io/kubelet protos on the
-# Go module proxy (fetched over HTTPS, checked against their go.sum hashes; no Go toolchain), as a pod
-# could not do at run time.
+# into the installed package (python -P: not the sources' copy in the working directory) from the
+# k8s.io/kubelet protos on the Go module proxy (fetched over HTTPS, checked against their go.sum
+# hashes; no Go toolchain), as a pod could not do at run time.
 # hadolint ignore=DL3013
 RUN /opt/mokka/venv/bin/pip install --no-cache-dir --no-build-isolation --no-deps . \
     && /opt/mokka/venv/bin/mokka --version \
