@@ -27,11 +27,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from gpumodel import atomic
 from gpumodel.edits import ContainerEdits, DeviceNode, Mount, common_edits, container_edits, sysfs_view
+from gpumodel.infiniband import RDMA_CM
 from gpumodel.mig_devices import GpuMig, MigDevice
 from gpumodel.nodelayout import GpuNode, NodeLayout
 
@@ -192,7 +194,9 @@ def render_adapters(
     ]
     every = tuple(n for _, chars in adapters for n in nodes(chars))
     devices.append({"name": ALL, "containerEdits": _edits(ContainerEdits(device_nodes=every))})
-    spec: Json = {"cdiVersion": "", "kind": kind, "devices": devices, "containerEdits": _edits(sysfs_view(layout))}
+    # every adapter's: the node's sysfs view, its relay directory and the connection manager's device
+    common = replace(sysfs_view(layout), device_nodes=tuple(nodes([RDMA_CM])))
+    spec: Json = {"cdiVersion": "", "kind": kind, "devices": devices, "containerEdits": _edits(common)}
     spec["cdiVersion"] = minimum_version(spec)
     return {k: spec[k] for k in ("cdiVersion", "kind", "devices", "containerEdits")}
 

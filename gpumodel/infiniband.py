@@ -22,6 +22,10 @@ from . import pcie
 from .profile import InfiniBand, Profile, format_guid, parse_guid
 
 OUI = 0xA088C2  # an NVIDIA (Mellanox) networking OUI, as ConnectX-7 node GUIDs carry it
+# /dev/infiniband/rdma_cm, the RDMA connection manager's one device for every adapter (librdmacm opens
+# it): a misc device (rdma_ucm registers major 10 with a dynamic minor; udev names it infiniband/rdma_cm),
+# here at the minor it commonly gets.
+RDMA_CM = ("rdma_cm", 10, 58)
 
 
 @dataclass(frozen=True)

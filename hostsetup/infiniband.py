@@ -29,7 +29,7 @@ from pathlib import Path
 
 from gpumodel import fabric, pcie
 from gpumodel.ib_ports import phys_state_text, port_up, ports, state_text, write_value
-from gpumodel.infiniband import Hca, Port, adapters, gid0
+from gpumodel.infiniband import RDMA_CM, Hca, Port, adapters, gid0
 from gpumodel.profile import MELLANOX_VENDOR, Profile, format_guid
 
 from .sysfs import (
@@ -256,9 +256,9 @@ def files(profile: Profile, behind: dict[int, pcie.Switch]) -> dict[Path, bytes 
 
 
 def device_nodes(profile: Profile) -> list[tuple[str, int, int]]:
-    """The node's ``/dev/infiniband`` character devices (name, major, minor), as ib_uverbs and
-    ib_umad make them: ``uverbsN`` per adapter, ``umadK`` and ``issmK`` per port. libibverbs lists
-    an adapter only when its uverbs node exists (``ibv_devices``)."""
+    """The node's ``/dev/infiniband`` character devices (name, major, minor), as ib_uverbs, ib_umad
+    and rdma_ucm make them: ``uverbsN`` per adapter, ``umadK`` and ``issmK`` per port, one
+    ``rdma_cm``. libibverbs lists an adapter only when its uverbs node exists (``ibv_devices``)."""
     out: list[tuple[str, int, int]] = []
     umad = 0
     for hca in adapters(profile):
@@ -266,7 +266,7 @@ def device_nodes(profile: Profile) -> list[tuple[str, int, int]]:
         for _port in hca.ports:
             out += [(f"umad{umad}", UVERBS_MAJOR, umad), (f"issm{umad}", UVERBS_MAJOR, ISSM_BASE + umad)]
             umad += 1
-    return out
+    return [*out, RDMA_CM] if out else out
 
 
 # ---- the subnet around the nodes ---------------------------------------------------------

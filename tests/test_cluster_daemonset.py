@@ -173,7 +173,7 @@ def test_dra_claim_gets_a_gpu_and_the_adapter_on_its_switch(
         row = next(line.split("\t") for line in topo.splitlines() if line.startswith("GPU0"))
         assert row[2].strip() == "PIX", out
         assert [ln.split()[0] for ln in verbs.split("devices:")[0].splitlines()[2:] if ln.strip()] == ["mlx5_1"], out
-        assert verbs.split("devices:")[1].split() == ["issm1", "umad1", "uverbs1"], out
+        assert verbs.split("devices:")[1].split() == ["issm1", "rdma_cm", "umad1", "uverbs1"], out
     finally:
         cluster.kubectl("delete", "pod", "pair", "--wait=false", check=False)
         cluster.kubectl("delete", "resourceclaimtemplate", "pair", check=False)

@@ -709,6 +709,11 @@ def test_the_adapters_cdi_spec_gives_each_its_device_nodes_and_the_sysfs_view(no
         for name, minor in (("uverbs1", 193), ("issm1", 65), ("umad1", 1))
     ]
     assert len(devices["all"]) == 12
+    # every adapter's: the connection manager's one device (librdmacm)
+    common = spec["containerEdits"]["deviceNodes"]
+    assert [(n["path"], n["hostPath"], n["major"], n["minor"]) for n in common] == [
+        ("/dev/infiniband/rdma_cm", f"{layout.dev_root}/infiniband/rdma_cm", 10, 58)
+    ]
     gpu_spec = cdi.render(layout)
     assert all(m in gpu_spec["containerEdits"]["mounts"] for m in spec["containerEdits"].get("mounts", []))
     with pytest.raises(cdi.CdiError, match="has no InfiniBand adapters"):

@@ -278,7 +278,7 @@ def test_a_claim_pairs_a_gpu_with_the_adapter_on_its_pcie_switch(cluster: Any, r
         assert row[2].strip() == "PIX", out
         listed = [ln.split()[0] for ln in verbs.split("devices:")[0].splitlines()[2:] if ln.strip()]
         assert listed == ["mlx5_3"], out
-        assert verbs.split("devices:")[1].split() == ["issm3", "umad3", "uverbs3"], out
+        assert verbs.split("devices:")[1].split() == ["issm3", "rdma_cm", "umad3", "uverbs3"], out
         assert re.search(
             r"prepare default/gpu-nic-gpu-\w+ \(uid [0-9a-f-]+\): mlx5-3 for request nic -> mokka.io/hca=mlx5_3$",
             plugin_log(cluster),

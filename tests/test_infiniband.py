@@ -226,12 +226,16 @@ def test_topo_runs_on_every_profile_at_every_count(name: str) -> None:
 @pytest.mark.consumers
 def test_libibverbs_lists_the_adapters(node: Path) -> None:
     """ibv_devices: libibverbs finds each adapter in sysfs, matches Debian's mlx5 provider by the PCI
-    id, and lists it once its /dev/infiniband/uverbsN exists (host setup makes the nodes)."""
+    id, and lists it once its /dev/infiniband/uverbsN exists (host setup makes the nodes, and the
+    connection manager's one rdma_cm, a misc device)."""
     hcas = infiniband.adapters(profiles.load("h100"))
     assert sorted(os.listdir(node / "dev/infiniband")) == sorted(
         [f"uverbs{i}" for i in range(8)] + [f"umad{i}" for i in range(8)] + [f"issm{i}" for i in range(8)]
-    )
+        + ["rdma_cm"]
+    )  # fmt: skip
     assert os.major((node / "dev/infiniband/uverbs3").stat().st_rdev) == 231
+    rdma_cm = (node / "dev/infiniband/rdma_cm").stat()
+    assert (os.major(rdma_cm.st_rdev), os.minor(rdma_cm.st_rdev), rdma_cm.st_mode & 0o777) == (10, 58, 0o666)
     res = shimmed(node, [tool("ibv_devices")])
     assert res.returncode == 0, res.stderr
     listed = {ln.split()[0]: ln.split()[1] for ln in res.stdout.splitlines()[2:]}
