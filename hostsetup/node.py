@@ -274,7 +274,7 @@ def plan(profile: Profile, options: Options) -> Plan:
 
         p.steps.append(
             Step(
-                f"InfiniBand nodes under {layout.dev_root}/infiniband: uverbs, umad and issm of "
+                f"InfiniBand nodes under {layout.dev_root}/infiniband: rdma_cm, and uverbs, umad and issm of "
                 f"{sum(name.startswith('uverbs') for name, _, _ in infiniband.device_nodes(profile))} adapter(s) "
                 f"(major {infiniband.UVERBS_MAJOR})",
                 ib_device_nodes,
