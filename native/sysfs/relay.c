@@ -78,14 +78,16 @@ static struct {
 } g_pending[PENDING] = {[0 ... PENDING - 1] = {0, -1}};
 
 static void hold(uint64_t tid, int conn) {
+    static int evict; /* all held: the slots give way in turn, and that request goes unanswered */
     pthread_mutex_lock(&g_lock);
     int slot = -1;
     for (int i = 0; i < PENDING && slot < 0; i++)
         if (g_pending[i].conn < 0)
             slot = i;
-    if (slot < 0) { /* all held: the oldest request goes unanswered */
-        slot = 0;
-        close(g_pending[0].conn);
+    if (slot < 0) {
+        slot = evict;
+        evict = (evict + 1) % PENDING;
+        close(g_pending[slot].conn);
     }
     g_pending[slot].tid = tid;
     g_pending[slot].conn = conn;
