@@ -185,7 +185,8 @@ def test_the_nri_plugin_adds_nothing_nvidias_runtime_path_already_adds(cluster: 
     """NVIDIA's CDI spec gives a claim's container its device node, the driver's library and
     nvidia-smi; the NRI plugin (allocator external) adds none of that again, keeps the spec's
     NVIDIA_VISIBLE_DEVICES, and adds only the kernel's view (the sysfs shim, its trees, the kernel
-    log). With the plugin opted out (the lib-only contract) the pod still runs with its GPU.
+    log) and the InfiniBand subnet's relay directory (the node has adapters). With the plugin opted
+    out (the lib-only contract) the pod still runs with its GPU.
     """
     # on two nodes alike (one H100 each, one driver)
     for pod, node, opted in (("bare", "h100-1", {"mokka.io/inject": "false"}), ("served", "h100-2", {})):
@@ -202,6 +203,7 @@ def test_the_nri_plugin_adds_nothing_nvidias_runtime_path_already_adds(cluster: 
             "/usr/lib/mokka/libmokka-sysfs.so",
             "/run/mokka/root/sys",
             "/run/mokka/root/proc",
+            "/run/mokka/root/ib-relay",
             "/var/log/kern.log",
         }
         assert added == kernel, served["mounts"]
@@ -211,7 +213,7 @@ def test_the_nri_plugin_adds_nothing_nvidias_runtime_path_already_adds(cluster: 
         log = (cluster.node("h100-2").layout.logs / "nri-plugin.log").read_text()
         decided = [line for line in log.splitlines() if "default/served/probe:" in line]
         assert decided and "the driver at /usr/lib64/libnvidia-ml.so." in decided[-1], decided
-        assert "0 device nodes, 4 mounts, env LD_PRELOAD MOKKA_SYSFS_ROOT" in decided[-1], decided
+        assert "0 device nodes, 5 mounts, env LD_PRELOAD MOKKA_SYSFS_ROOT" in decided[-1], decided
     finally:
         delete(cluster, "bare", "served")
 
