@@ -145,6 +145,17 @@ def pod_manifest(
 CLAIM_PROBE = "nvidia-smi -L; echo devices: $(ls /dev | grep -E '^nvidia[0-9]+$' | sort | tr '\\n' ' '); sleep 3600"
 
 
+def gpu_and_its_nic(index: int, gpu_driver: str = "gpu.nvidia.com", nic_driver: str = "nic.mokka.io") -> str:
+    """A claim's ``devices`` (for :func:`claim_pod`): GPU ``index`` and any InfiniBand adapter that shares
+    its ``resource.kubernetes.io/pcieRoot`` (the adapter on its PCIe switch)."""
+    gpu = json.dumps(f'device.attributes["{gpu_driver}"].index == {index}')
+    return (
+        f"{{requests: [{{name: gpu, exactly: {{deviceClassName: {gpu_driver}, selectors: [{{cel: {{expression: "
+        f"{gpu}}}}}]}}}}, {{name: nic, exactly: {{deviceClassName: {nic_driver}}}}}], "
+        "constraints: [{matchAttribute: resource.kubernetes.io/pcieRoot}]}"
+    )
+
+
 def claim_pod(
     name: str,
     template: str | None = None,

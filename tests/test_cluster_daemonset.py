@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_fixtures import claim_pod, install_chart, pod_manifest, run_pod, start_cluster, wait_for
+from cluster_fixtures import claim_pod, gpu_and_its_nic, install_chart, pod_manifest, run_pod, start_cluster, wait_for
 
 from localcluster.cluster import Cluster
 
@@ -151,12 +151,7 @@ def test_dra_claim_gets_a_gpu_and_the_adapter_on_its_switch(
     mounted = [nvidia_smi.fetch("550"), library_path()]
     cluster.import_image(builder.build(tmp_path_factory.mktemp("rdma"), RDMA_IMAGE, ["ibv_devices"], mounted=mounted))
     probe = "nvidia-smi topo -m; echo ---; ibv_devices; echo devices: $(ls /dev/infiniband)"
-    gpu1 = f'device.attributes["{GPU_DRIVER}"].index == 1'
-    devices = (
-        f"{{requests: [{{name: gpu, exactly: {{deviceClassName: {GPU_DRIVER}, selectors: [{{cel: {{expression: "
-        f"{json.dumps(gpu1)}}}}}]}}}}, {{name: nic, exactly: {{deviceClassName: {NIC_DRIVER}}}}}], "
-        "constraints: [{matchAttribute: resource.kubernetes.io/pcieRoot}]}"
-    )
+    devices = gpu_and_its_nic(1, GPU_DRIVER, NIC_DRIVER)
     cluster.kubectl("apply", "-f", "-", input=claim_pod("pair", probe=probe, devices=devices, image=RDMA_IMAGE))
     try:
 

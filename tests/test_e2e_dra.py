@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster_fixtures import claim_pod
+from cluster_fixtures import claim_pod, gpu_and_its_nic
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -256,13 +256,7 @@ def test_a_claim_pairs_a_gpu_with_the_adapter_on_its_pcie_switch(cluster: Any, r
     }
     assert [n for n, r in roots.items() if r == gpu_root["gpu-3"]] == ["mlx5-3"]
     probe = "nvidia-smi topo -m; echo ---; ibv_devices; echo devices: $(ls /dev/infiniband); sleep 3600"
-    gpu3 = f'device.attributes["{DRIVER}"].index == 3'
-    devices = (
-        f"{{requests: [{{name: gpu, exactly: {{deviceClassName: {DRIVER}, selectors: [{{cel: {{expression: "
-        f"{json.dumps(gpu3)}}}}}]}}}}, {{name: nic, exactly: {{deviceClassName: {NIC_DRIVER}}}}}], "
-        "constraints: [{matchAttribute: resource.kubernetes.io/pcieRoot}]}"
-    )
-    apply(cluster, claim_pod("gpu-nic", probe=probe, devices=devices, image=rdma_image))
+    apply(cluster, claim_pod("gpu-nic", probe=probe, devices=gpu_and_its_nic(3, DRIVER, NIC_DRIVER), image=rdma_image))
     try:
         wait("pod gpu-nic Running", lambda: phase(cluster, "gpu-nic") == "Running")
         wait("its output", lambda: "devices:" in cluster.kubectl("logs", "gpu-nic", check=False).stdout)

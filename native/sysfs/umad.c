@@ -91,11 +91,11 @@ static void *serve(void *arg) {
         struct ib_user_mad *um = (struct ib_user_mad *)msg;
         uint8_t *mad = msg + sizeof(struct ib_user_mad);
         uint8_t cls = mad[1];
-        unsigned lid = (unsigned)adapter_port_num(r->ca, r->port, "lid"), dlid = ntohs(um->hdr.lid);
         if (mad[3] & METHOD_RESPONSE) { /* a served request's answer */
             relay_respond(msg, sizeof msg);
             continue;
         }
+        unsigned lid = (unsigned)adapter_port_num(r->ca, r->port, "lid"), dlid = ntohs(um->hdr.lid);
         if (mad_answer(r->ca, r->port, mad, (uint16_t)dlid)) {
             um->hdr.status = 0;
             um->hdr.lid = htons((uint16_t)lid);
