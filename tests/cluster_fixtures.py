@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import parallel
 import pytest
 
 from fetch import dcgm_exporter, thirdparty
@@ -72,7 +73,9 @@ def start_cluster(base: Path, **options: Any) -> Iterator[Cluster]:
     require_root()
     ensure_binaries()
     before = host_sysctls()
-    cluster = Cluster.up(Options(base=base, **options))
+    nodes = len(options.get("nodes") or ()) or 1
+    with parallel.inotify_room(parallel.local_cluster_inotify(nodes), f"a local cluster of {nodes} nodes"):
+        cluster = Cluster.up(Options(base=base, **options))
     try:
         yield cluster
     finally:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import fgo_guide
+import parallel
 import pytest
 import yaml
 from cluster_fixtures import pod_manifest, run_pod, wait_for
@@ -150,7 +151,8 @@ def kind() -> Iterator[Kind]:
         k.env.load_image(parts["image"], nodeimage.NODE_IMAGE)
         config = base / "cluster.yaml"
         config.write_text(provider.cluster_config(CONFIG, nodeimage.NODE_IMAGE, nodeimage.etcd_image_tag()))
-        created = k.env.kind("create", "cluster", "--name", NAME, "--config", str(config), check=False)
+        with parallel.inotify_room(parallel.KIND_INOTIFY, "kind's cluster"):
+            created = k.env.kind("create", "cluster", "--name", NAME, "--config", str(config), check=False)
         assert created.returncode == 0, (created.stdout + created.stderr)[-3000:]
         assert len(k.env.record_containers()) == 4
         k.env.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=180s", timeout=200)
