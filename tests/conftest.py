@@ -16,7 +16,8 @@ from gpumodel import driver_root, profile
 
 SMI_VERSIONS = ["550", "535", "555"]
 
-pytest_plugins = ["e2e_fixtures", "mig_fixtures", "cluster_fixtures", "fault_fixtures", "module_times", "parallel"]
+# parallel first: cluster_fixtures imports it (a plugin imported before pytest registers it is not rewritten)
+pytest_plugins = ["parallel", "e2e_fixtures", "mig_fixtures", "cluster_fixtures", "fault_fixtures", "module_times"]
 
 # Programs the test extras install into the interpreter's environment (.venv/bin), which is on
 # no PATH when the suite runs as `.venv/bin/python -m pytest` (CI: PATH=/usr/sbin:/usr/bin:/sbin:/bin).

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import parallel
 import pytest
 from cluster_fixtures import ensure_binaries, host_sysctls, pod_manifest, require_root, run_pod
 
@@ -48,7 +49,8 @@ def test_up_status_down_beside_another_cluster(kube_cluster: Cluster, tmp_path_f
     session's runs; `down` leaves no process, mount, cgroup, interface, file or iptables rule."""
     base = tmp_path_factory.mktemp("kube") / "second"
     sysctls, rules = host_sysctls(), iptables_rules()
-    res = mokka("cluster", "up", "--dir", str(base), "--profile", "a100", "--gpus", "2", "--allocator", "none")
+    with parallel.inotify_room(parallel.local_cluster_inotify(1), "a second cluster"):
+        res = mokka("cluster", "up", "--dir", str(base), "--profile", "a100", "--gpus", "2", "--allocator", "none")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == f"export KUBECONFIG={base}/kubeconfig/admin.conf"
     steps = res.stderr.strip().splitlines()

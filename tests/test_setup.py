@@ -248,7 +248,7 @@ def test_ci_scripts() -> None:
 
 def test_readme_commands_are_what_ci_runs() -> None:
     readme = (REPO / "README.md").read_text()
-    assert ".ci/setup --tests && .venv/bin/python -m pytest " in readme
-    assert 'exec .venv/bin/python -m pytest "$@" </dev/null' in (REPO / ".ci" / "run").read_text()
+    assert ".ci/setup --tests && .venv/bin/python -m pytest -n 3 " in readme
+    assert 'exec .venv/bin/python -m pytest -n 3 "$@" </dev/null' in (REPO / ".ci" / "run").read_text()
     assert ".ci/setup && .venv/bin/mokka demo" in readme
     assert "MOKKA_CACHE" in readme and "crictl" not in readme
