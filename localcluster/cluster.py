@@ -384,6 +384,7 @@ class Cluster(Context):
             raise ClusterError("taking a cluster down needs root (its processes, cgroups and bridge are root's)")
         problems: list[str] = []
         layout = self.layout
+        spawned = [p.pid for p in self.procs]
         # Every node first (plugins, kubelet, pods, containerd and its shims), then the control plane,
         # last started first, then the namespaces' holders.
         for n in self.nodes:
@@ -406,6 +407,7 @@ class Cluster(Context):
             res = subprocess.run(["ip", "link", "delete", layout.bridge], capture_output=True, text=True, check=False)
             if res.returncode != 0:
                 problems.append(f"cannot delete bridge {layout.bridge}: {res.stderr.strip()}")
+        process.reap(spawned)
         if not problems:
             shutil.rmtree(layout.base, ignore_errors=True)
             if layout.base.exists():

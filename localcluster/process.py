@@ -61,6 +61,13 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+def reap(pids: Sequence[int]) -> None:
+    """Collect the exit status of those of ``pids`` that are this process's children and have
+    ended: a process that started a cluster and takes it down (a test session) keeps no zombies."""
+    for pid in pids:
+        _reap(pid)
+
+
 def wait_gone(procs: Sequence[Proc], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while any(p.alive() for p in procs):

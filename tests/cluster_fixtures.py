@@ -79,10 +79,20 @@ def start_cluster(base: Path, **options: Any) -> Iterator[Cluster]:
     try:
         yield cluster
     finally:
+        spawned = {p.pid: p.name for p in cluster.procs}
         problems = cluster.down()
-        left = leftovers(base)
+        left = leftovers(base) + [f"{name} a zombie" for pid, name in spawned.items() if zombie_child(pid)]
         assert not problems and not left, f"cluster down left: {problems + left}"
         assert host_sysctls() == before, "kubelet changed the host's sysctls"
+
+
+def zombie_child(pid: int) -> bool:
+    """Process ``pid`` is this process's child and has ended unreaped."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] == "Z" and int(fields[1]) == os.getpid()
 
 
 # The session cluster serves a few modules. Idle, a cluster keeps about a quarter of a 2-core
