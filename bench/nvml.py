@@ -68,7 +68,7 @@ def stuck_copy(library: Path, out: Path) -> Path:
     return out
 
 
-def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None:
+def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15, svg: Path | None = None) -> None:
     exe = bench_binary()
     with tempfile.TemporaryDirectory(prefix="mokka-bench-") as tmp:
         root = driver_root.stage(profile, Path(tmp) / "root")
@@ -120,6 +120,8 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
                 print(f"{name:<44}{value:>12.2f}")
             else:
                 print(f"{name:<44}{value:>12.2f}{target:>12.2f}{value / target:>9.2f}{verdict(value, target)}")
+        if svg is not None:
+            plot_calls(svg, rows, init_us, load_us)
 
         smi_path = Path(smi) if smi else nvidia_smi.find()
         if smi_path is None:
@@ -127,8 +129,41 @@ def run(profile: Profile, smi: str | None, calls: int, rounds: int = 15) -> None
             return
         empty = Path(tmp) / "nolib"
         empty.mkdir()
-        for mode in (["-q", "-x"], ["-L"]):
-            smi_rows(exe, smi_path, mode, env, root.libdir, empty, rounds)
+        walls = {
+            f"nvidia-smi {' '.join(mode)}": smi_rows(exe, smi_path, mode, env, root.libdir, empty, rounds)
+            for mode in (["-q", "-x"], ["-L"])
+        }
+        if svg is not None:
+            from bench import plot
+
+            title = "nvidia-smi with the mock library beside nvidia-smi with none (its own start-up), median"
+            print(f"plot: {plot.bars(svg / 'nvidia-smi.svg', title, 'ms', walls)}")
+
+
+# The figures with a peer to stand beside: the issue's target (no other mock NVML library runs here).
+CALL_PLOTTED = {
+    "nvmlDeviceGetPowerUsage (ns/call)": "GetPowerUsage",
+    "nvmlDeviceGetMemoryInfo (ns/call)": "GetMemoryInfo",
+    "  the same, counter stuck odd (ns/call)": "GetMemoryInfo,\nwriter killed",
+    "nvmlDeviceGetMigDeviceHandleByIndex (ns/call)": "GetMigDevice-\nHandleByIndex",
+    "nvmlDeviceGetMemoryInfo, MIG device (ns/call)": "GetMemoryInfo,\nMIG device",
+}
+
+
+def plot_calls(svg: Path, rows: list[tuple[str, float, float | None]], init_us: float, load_us: float) -> None:
+    """Two plots: ns per getter call and the start-up of a fresh process, each beside its target."""
+    from bench import plot
+
+    calls = {CALL_PLOTTED[name]: {"mock": value, "target": float(target or 0)} for name, value, target in rows
+             if name in CALL_PLOTTED}  # fmt: skip
+    title = "The mock libnvidia-ml: ns per call (C loop, median), beside the target"
+    print(f"plot: {plot.bars(svg / 'nvml-calls.svg', title, 'ns per call', calls)}")
+    start = {
+        "nvmlInit_v2": {"mock": init_us, "target": TARGETS["init_us"]},
+        "dlopen": {"mock": load_us},
+    }
+    title = "The mock libnvidia-ml in a fresh process: dlopen and nvmlInit_v2 (median of 31), beside the target"
+    print(f"plot: {plot.bars(svg / 'nvml-init.svg', title, 'µs', start)}")
 
 
 def verdict(value: float, target: float) -> str:
@@ -164,8 +199,9 @@ def mig_figures(exe: Path, profile: Profile, tmp: Path, calls: int, env: dict[st
 
 def smi_rows(
     exe: Path, smi: Path, mode: list[str], env: dict[str, str], libdir: Path, empty: Path, rounds: int
-) -> None:
-    """nvidia-smi ``mode`` with the mock against nvidia-smi with no NVML library at all."""
+) -> dict[str, float]:
+    """nvidia-smi ``mode`` with the mock against nvidia-smi with no NVML library at all; returns
+    the two median wall times (ms)."""
     with_mock = [timed_child(exe, [str(smi), *mode], {**env, "LD_LIBRARY_PATH": str(libdir)}) for _ in range(rounds)]
     bare = [timed_child(exe, [str(smi), *mode], {**env, "LD_LIBRARY_PATH": str(empty)}) for _ in range(rounds)]
     wall_mock = statistics.median(w for w, _ in with_mock) * 1000
@@ -183,6 +219,7 @@ def smi_rows(
         f"{'peak RSS (MiB)':<24}{rss_mock:>12.2f}{rss_bare:>12.2f}{rss_mock / rss_bare:>9.2f}"
         f"{rss_mock - rss_bare:>10.2f}{rss_target:>10.2f}{verdict(rss_mock - rss_bare, rss_target)}"
     )
+    return {"with the mock": wall_mock, "no library": wall_bare}
 
 
 def host_setup(profile_name: str, rounds: int) -> None:

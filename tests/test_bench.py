@@ -22,8 +22,8 @@ def bench(*args: str) -> str:
     return res.stdout
 
 
-def test_bench_nvml_prints_every_figure() -> None:
-    out = bench("nvml", "--calls", "10000")
+def test_bench_nvml_prints_every_figure(tmp_path: Path) -> None:
+    out = bench("nvml", "--calls", "10000", "--svg", str(tmp_path))
     for figure in (
         "nvmlDeviceGetPowerUsage (ns/call)",
         "nvmlInit_v2 in a fresh process",
@@ -39,6 +39,9 @@ def test_bench_nvml_prints_every_figure() -> None:
     # Every figure that has a target says whether it met it.
     judged = [ln for ln in out.splitlines() if ln.endswith((" ok", " MISSED"))]
     assert len(judged) == 9, out  # 3 call costs (one with the counter stuck), 2 MIG getters, init, size, 2x RSS
+    assert sorted(p.name for p in tmp_path.glob("*.svg")) == ["nvidia-smi.svg", "nvml-calls.svg", "nvml-init.svg"]
+    assert "GetMigDevice-" in (tmp_path / "nvml-calls.svg").read_text()
+    assert "no library" in (tmp_path / "nvidia-smi.svg").read_text()
 
 
 def test_bench_host_setup() -> None:

@@ -28,12 +28,18 @@ def bench() -> None:
     help="nvidia-smi binary to time (default: search the cache and PATH).",
 )
 @click.option("--calls", type=click.IntRange(min=1), default=1_000_000, show_default=True, help="Calls per getter.")
-def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int) -> None:
+@click.option(
+    "--svg",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also draw the call costs, the start-up and nvidia-smi's wall time as SVG plots into this directory.",
+)
+def bench_nvml(profile_name: str, gpus: int | None, smi: str | None, calls: int, svg: Path | None) -> None:
     """The mock library: ns per call, nvmlInit time, nvidia-smi wall time and RSS, size."""
     from bench import nvml as benchmarks
 
     p = load_profile(profile_name, gpus if gpus is not None else 8)
-    benchmarks.run(p, smi, calls)
+    benchmarks.run(p, smi, calls, svg=svg)
 
 
 @bench.command("dcgm")
