@@ -154,8 +154,8 @@ def plot_calls(svg: Path, rows: list[tuple[str, float, float | None]], init_us: 
     """Two plots: ns per getter call and the start-up of a fresh process, each beside its target."""
     from bench import plot
 
-    calls = {CALL_PLOTTED[name]: {"mock": value, "target": float(target or 0)} for name, value, target in rows
-             if name in CALL_PLOTTED}  # fmt: skip
+    target = TARGETS["call_ns"]
+    calls = {CALL_PLOTTED[name]: {"mock": value, "target": target} for name, value, _ in rows if name in CALL_PLOTTED}
     title = "The mock libnvidia-ml: ns per call (C loop, median), beside the target"
     print(f"plot: {plot.bars(svg / 'nvml-calls.svg', title, 'ns per call', calls)}")
     start = {

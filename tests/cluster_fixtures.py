@@ -87,12 +87,11 @@ def start_cluster(base: Path, **options: Any) -> Iterator[Cluster]:
 
 
 def zombie_child(pid: int) -> bool:
-    """Process ``pid`` is this process's child and has ended unreaped."""
+    """Process ``pid`` is this process's child and had ended unreaped (it is reaped now)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:  # not this process's child (any more)
         return False
-    return fields[0] == "Z" and int(fields[1]) == os.getpid()
 
 
 # The session cluster serves a few modules. Idle, a cluster keeps about a quarter of a 2-core
