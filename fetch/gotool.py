@@ -11,7 +11,9 @@ toolchain is self-contained). :func:`build` builds a :class:`fetch.versions.GoBu
 
 Binaries land in ``CACHE/gobin/<name>-<version>-<hash of what was asked>/`` and are reused;
 each build gets its own GOPATH, module cache and build cache in a temporary directory that is
-removed once the binaries are in place (a helm build leaves ~2 GB of them otherwise).
+removed once the binaries are in place (a helm build leaves ~2 GB of them otherwise), unless
+the caller passes ``caches``: a directory that several builds share and the caller removes
+(:mod:`fetch.gobuilds`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ __all__ = [
     "install",
     "output_dir",
     "prune",
+    "remove_tree",
 ]
 
 Progress = Callable[[str], None]
@@ -121,7 +124,7 @@ def drop_debian_toolchain(cache: Path | None = None) -> bool:
     return dropped
 
 
-def _remove(path: Path) -> None:
+def remove_tree(path: Path) -> None:
     """Remove ``path`` even where Go left its module cache read-only."""
     for dirpath, dirnames, _files in os.walk(path):
         for d in dirnames:
@@ -141,7 +144,7 @@ def prune(keep: list[GoBuild], cache: Path | None = None) -> list[str]:
     stale = [d for d in sorted((cache / "gobin").glob("*")) if d.is_dir() and d.name.startswith(names)]
     stale = [d for d in stale if d not in wanted] + [d for d in (cache / "gobuild", cache / "gopath") if d.exists()]
     for path in stale:
-        _remove(path)
+        remove_tree(path)
     return [str(p.relative_to(cache)) for p in stale]
 
 
@@ -176,23 +179,26 @@ def locked(path: Path) -> Iterator[None]:
         yield
 
 
-def build(spec: GoBuild, cache: Path | None = None, progress: Progress | None = None) -> Path:
-    """Build ``spec`` once and return the directory holding its binaries (later calls: at once)."""
+def build(
+    spec: GoBuild, cache: Path | None = None, progress: Progress | None = None, caches: Path | None = None
+) -> Path:
+    """Build ``spec`` once and return the directory holding its binaries (later calls: at once);
+    ``caches``: Go's module and build caches there, shared with other builds, instead of the build's own."""
     cache = cache or debcache.default_cache()
     if found := cached(spec, cache):
         return found
     with locked(cache / "gobin" / f".{spec.name}.lock"):
         if found := cached(spec, cache):  # another process built it while we waited
             return found
-        return _build(spec, cache, progress or (lambda _line: None))
+        return _build(spec, cache, progress or (lambda _line: None), caches)
 
 
-def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
+def _build(spec: GoBuild, cache: Path, progress: Progress, caches: Path | None) -> Path:
     out = output_dir(spec, cache)
     work = cache / "gobin" / f".work-{spec.name}-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     go = str(find(cache))
-    env = _environment(spec, work)
+    env = _environment(spec, caches or work)
     src = work / "src"
     staging = out.with_name(out.name + f".tmp{os.getpid()}")
     try:
@@ -222,7 +228,7 @@ def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
         return out
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)  # GOPATH, module cache (-modcacherw), build cache
+        shutil.rmtree(work, ignore_errors=True)  # the source; GOPATH, module cache (-modcacherw), build cache
 
 
 def install(command_at_version: str, cache: Path | None = None) -> Path:
@@ -236,14 +242,14 @@ def install(command_at_version: str, cache: Path | None = None) -> Path:
     return build(GoBuild(name=name, version=version, commands=(command,)), cache) / name
 
 
-def _environment(spec: GoBuild, work: Path) -> dict[str, str]:
+def _environment(spec: GoBuild, caches: Path) -> dict[str, str]:
     env = dict(os.environ)
     for key in ("GOROOT", "GOBIN", "GOPATH", "GOMODCACHE", "GOCACHE", "GOFLAGS"):
         env.pop(key, None)
     env.update(
-        GOPATH=str(work / "gopath"),
-        GOMODCACHE=str(work / "gopath" / "pkg" / "mod"),
-        GOCACHE=str(work / "gocache"),
+        GOPATH=str(caches / "gopath"),
+        GOMODCACHE=str(caches / "gopath" / "pkg" / "mod"),
+        GOCACHE=str(caches / "gocache"),
         GOWORK="off",
         GOFLAGS="-mod=mod -modcacherw",
         GOTOOLCHAIN="local",

@@ -8,6 +8,9 @@ only the tests need, Go builds included, so that no test ever compiles or downlo
 At the end the package lists are dropped, the ``.deb`` files already unpacked emptied (their
 names stay), and Debian's Go toolchain removed when one was unpacked for the builds.
 
+The Go builds run two at a time (:mod:`fetch.gobuilds`): when the first item that needs one is
+reached, every item's builds are queued, so later items' builds run beside earlier items.
+
 Tests ask for a Go program with :func:`go_binary`, which never builds: it names the command
 to run when the program is missing.
 """
@@ -20,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fetch import busybox, cdi_schema, containerd_dist, debcache, gotool, kubelet_api, nvidia_smi, versions
+from fetch import busybox, cdi_schema, containerd_dist, debcache, gobuilds, gotool, kubelet_api, nvidia_smi, versions
 from fetch import cri_bindings as bindings
 from fetch.kube import binaries as kube_binaries
 from fetch.kube import gobuild as kube_gobuild
@@ -46,6 +49,7 @@ class Item:
     done: Callable[[Path], bool]  # whether make() would do nothing (never uses the network)
     make: Callable[[Path], object]  # fetch or build; returns what it made (shown)
     tests: bool = False  # only the tests need it
+    go: tuple[gobuilds.Spec, ...] = ()  # the Go builds make() needs: built beforehand, two at a time
 
 
 def _unpacked(suite: str, package: str, member: str | Path) -> Callable[[Path], bool]:
@@ -80,6 +84,7 @@ def _go(spec: GoBuild) -> Item:
         lambda cache: gotool.cached(spec, cache) is not None,
         lambda cache: gotool.build(spec, cache),
         tests=True,
+        go=(spec,),
     )
 
 
@@ -169,6 +174,7 @@ ITEMS: tuple[Item, ...] = (
         lambda cache: kube_binaries.cached(cache) is not None,
         lambda cache: kube_binaries.ensure(cache).kubernetes,
         tests=True,
+        go=kube_binaries.GO_BUILDS,
     ),
     Item(
         f"Karpenter's KWOK provider {kube_versions.KARPENTER} and its CRDs (Go; {kube_versions.KARPENTER_GOTOOLCHAIN}, "
@@ -177,6 +183,7 @@ ITEMS: tuple[Item, ...] = (
         lambda cache: kube_gobuild.cached(kube_binaries.KARPENTER, cache) is not None,
         lambda cache: kube_gobuild.build(kube_binaries.KARPENTER, cache),
         tests=True,
+        go=(kube_binaries.KARPENTER,),
     ),
     Item(
         f"Prometheus (Debian {kube_versions.PROMETHEUS_SUITE}'s {kube_versions.PROMETHEUS_PACKAGE})",
@@ -193,6 +200,7 @@ ITEMS: tuple[Item, ...] = (
         lambda cache: gpu_operator.cached(cache) is not None,
         lambda cache: gpu_operator.ensure(cache).operator,
         tests=True,
+        go=gpu_operator.GO_BUILDS,
     ),
 )
 
@@ -215,13 +223,20 @@ def prepare(*, tests: bool = False, cache: Path | None = None, extra: Sequence[I
     cache = cache or debcache.default_cache()
     items = [i for i in (*ITEMS, *extra) if tests or not i.tests]
     progress = Progress(len(items) + 1, prefix="prepare ")
-    for item in items:
-        with progress.step(f"{item.what} — {item.why}") as note:
-            if item.done(cache):
-                note("cached")
-                continue
-            made = str(item.make(cache))
-            note(made.removeprefix(f"{cache}/"))
+    builds = gobuilds.GoBuilds(cache)
+    try:
+        for item in items:
+            with progress.step(f"{item.what} — {item.why}") as note:
+                if item.done(cache):
+                    note("cached")
+                    continue
+                if item.go:
+                    builds.start(s for i in items if not i.done(cache) for s in i.go)  # the later ones too
+                    builds.wait(item.go)
+                made = str(item.make(cache))
+                note(made.removeprefix(f"{cache}/"))
+    finally:
+        builds.close()
     with progress.step("cache clean-up: apt's package lists dropped, the .debs already unpacked emptied") as note:
         note(f"{debcache.trim(cache) / 2**20:.0f} MB freed")
         if tests:  # every Go build is done

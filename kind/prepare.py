@@ -50,6 +50,7 @@ ITEMS = (
         _node_done,
         _node_make,
         tests=True,
+        go=(kube_binaries.KUBEADM, *kube_binaries.GO_BUILDS),
     ),
     prepare.Item(
         "debian:bookworm-slim for the Dockerfile (bookworm's mmdebstrap, minbase, slim)",

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import VENV_TOOLS, tool
 
-from fetch import debcache, gotool, prepare, versions
+from fetch import debcache, gobuilds, gotool, prepare, versions
+from fetch.kube import gobuild as kube_gobuild
 from fetch.progress import Progress
 
 REPO = Path(__file__).resolve().parent.parent
@@ -221,6 +222,59 @@ def test_prepare_lists_every_item_without_changing_anything(tmp_path: Path) -> N
     assert any(ln.startswith("demo ") and "CRI bindings" in ln for ln in lines)
     assert any(ln.startswith("tests") and "helm" in ln for ln in lines)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_go_builds_run_two_at_a_time_in_order_and_leave_no_caches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduling of prepare's Go builds (the builds themselves are what `.ci/setup --tests` runs)."""
+    import threading
+    import time
+
+    specs = [versions.GoBuild(name=f"p{i}", version="v1.0.0", commands=(f"example.com/p{i}",)) for i in range(5)]
+    newer = kube_gobuild.GoBuild(name="k", module="example.com/k", version="v1.0.0", go=(1, 26))
+    found: list[tuple[int, int]] = []
+
+    def find(cache: Path, minimum: tuple[int, int]) -> Path:
+        found.append(minimum)
+        return Path("/nonexistent/go")
+
+    monkeypatch.setattr(gotool, "find", find)
+    (tmp_path / ".go-caches-999999999").mkdir()  # a killed run's (no such process)
+    (tmp_path / f".go-caches-{os.getppid()}").mkdir()  # a live process's
+    running: set[str] = set()
+    most, order, lock = 0, [], threading.Lock()
+
+    def build(spec: gobuilds.Spec, cache: Path, progress: object = None, caches: Path | None = None) -> Path:
+        nonlocal most
+        assert caches == tmp_path / f".go-caches-{os.getpid()}"
+        with lock:
+            running.add(spec.name)
+            most = max(most, len(running))
+            order.append(spec.name)
+        time.sleep(0.05)
+        (caches / spec.name).mkdir(parents=True)  # what Go would cache
+        with lock:
+            running.discard(spec.name)
+        if spec.name == "p4":
+            raise gotool.BuildError("p4: go build failed: boom")
+        return cache / spec.name
+
+    monkeypatch.setattr(gotool, "build", build)
+    monkeypatch.setattr(kube_gobuild, "build", build)
+    builds = gobuilds.GoBuilds(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".go-caches-{os.getppid()}"]
+    try:
+        builds.start([*specs[:3], newer, *specs[3:]])
+        builds.wait(specs[:2])
+        builds.wait([specs[0], newer])  # queued already: not built twice
+        with pytest.raises(gotool.BuildError, match="p4: go build failed: boom"):
+            builds.wait(specs)
+    finally:
+        builds.close()
+    assert most == gobuilds.JOBS and sorted(found) == [versions.GO_MINIMUM, (1, 26)]
+    assert [sorted(order[i : i + 2]) for i in (0, 2, 4)] == [["p0", "p1"], ["k", "p2"], ["p3", "p4"]]  # in turn
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".go-caches-{os.getppid()}"]
 
 
 def test_progress_lines(capsys: pytest.CaptureFixture[str]) -> None:

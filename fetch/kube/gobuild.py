@@ -5,7 +5,9 @@ replaces its staging modules with ``./staging/...`` paths, and NVIDIA's device p
 listed by the module proxy. A wrapper module that *requires* the program's module (redirecting
 local replaces to the published staging modules) builds them. The binaries land in
 ``CACHE/kube/bin/<name>-<version>-<flags hash>/`` and are reused; the module and build caches
-of the build live in a temporary directory that is removed once the binaries are in place.
+of the build live in a temporary directory that is removed once the binaries are in place, or,
+where the caller passes ``caches``, in that directory, shared with other builds
+(:mod:`fetch.gobuilds`: Kubernetes and kubeadm compile the same packages).
 """
 
 from __future__ import annotations
@@ -106,8 +108,11 @@ def cached(spec: GoBuild, cache: Path | None = None) -> Path | None:
     return out if all((out / b).exists() for b in wanted) and (out / "build.json").is_file() else None
 
 
-def build(spec: GoBuild, cache: Path | None = None, progress: Progress = stderr_progress) -> Path:
-    """Build ``spec`` once (later calls return the cached directory at once)."""
+def build(
+    spec: GoBuild, cache: Path | None = None, progress: Progress = stderr_progress, caches: Path | None = None
+) -> Path:
+    """Build ``spec`` once (later calls return the cached directory at once); ``caches``: Go's
+    module and build caches there, shared with other builds, instead of the build's own."""
     cache = cache or debcache.default_cache()
     if found := cached(spec, cache):
         return found
@@ -115,7 +120,7 @@ def build(spec: GoBuild, cache: Path | None = None, progress: Progress = stderr_
         if found := cached(spec, cache):  # another process built it while we waited
             return found
         _sweep(spec, cache)
-        return _build(spec, cache, progress)
+        return _build(spec, cache, progress, caches)
 
 
 def prune(keep: Sequence[GoBuild], cache: Path | None = None) -> list[str]:
@@ -143,12 +148,12 @@ def _sweep(spec: GoBuild, cache: Path) -> None:
             _remove_work(left)
 
 
-def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
+def _build(spec: GoBuild, cache: Path, progress: Progress, caches: Path | None) -> Path:
     out = bin_root(cache) / spec.key()
     work = cache / "kube" / f"work-{spec.name}-{os.getpid()}"
     _remove_work(work)
     (work / "src").mkdir(parents=True)
-    env = _go_env(spec, work)
+    env = _go_env(spec, caches or work)
     go = str(gotool.find(cache, spec.go))
     t0 = time.monotonic()
     try:
@@ -204,7 +209,7 @@ def _build(spec: GoBuild, cache: Path, progress: Progress) -> Path:
         progress(f"{spec.name} {spec.version}: built in {time.monotonic() - t0:.0f}s, {total:.0f} MiB of binaries")
         return out
     finally:
-        _remove_work(work, go, env)
+        _remove_work(work, go, None if caches else env)  # shared caches stay for the next build
 
 
 def staging_replaces(gomod: str, version: str) -> dict[str, str]:
@@ -213,15 +218,15 @@ def staging_replaces(gomod: str, version: str) -> dict[str, str]:
     return dict.fromkeys(found, version)
 
 
-def _go_env(spec: GoBuild, work: Path) -> dict[str, str]:
+def _go_env(spec: GoBuild, caches: Path) -> dict[str, str]:
     env = dict(os.environ)
     for key in ("GOROOT", "GOBIN", "GOWORK"):
         env.pop(key, None)
     env.update(
-        GOPATH=str(work / "gopath"),
-        GOMODCACHE=str(work / "gopath" / "pkg" / "mod"),
-        GOCACHE=str(work / "gocache"),
-        GOFLAGS="-mod=mod",
+        GOPATH=str(caches / "gopath"),
+        GOMODCACHE=str(caches / "gopath" / "pkg" / "mod"),
+        GOCACHE=str(caches / "gocache"),
+        GOFLAGS="-mod=mod -modcacherw",  # shared caches are removed without Go
         GOTOOLCHAIN="local",
         CGO_ENABLED="1" if spec.cgo else "0",
     )
