@@ -8,8 +8,9 @@ only the tests need, Go builds included, so that no test ever compiles or downlo
 At the end the package lists are dropped, the ``.deb`` files already unpacked emptied (their
 names stay), and Debian's Go toolchain removed when one was unpacked for the builds.
 
-The Go builds run two at a time (:mod:`fetch.gobuilds`): when the first item that needs one is
-reached, every item's builds are queued, so later items' builds run beside earlier items.
+The Go builds run in the background, sharing Go's caches (:mod:`fetch.gobuilds`): when the first
+item that needs one is reached, every item's builds are queued, so the next builds run while an
+item does what it needs besides Go.
 
 Tests ask for a Go program with :func:`go_binary`, which never builds: it names the command
 to run when the program is missing.
@@ -49,7 +50,7 @@ class Item:
     done: Callable[[Path], bool]  # whether make() would do nothing (never uses the network)
     make: Callable[[Path], object]  # fetch or build; returns what it made (shown)
     tests: bool = False  # only the tests need it
-    go: tuple[gobuilds.Spec, ...] = ()  # the Go builds make() needs: built beforehand, two at a time
+    go: tuple[gobuilds.Spec, ...] = ()  # the Go builds make() needs: built beforehand, in the background
 
 
 def _unpacked(suite: str, package: str, member: str | Path) -> Callable[[Path], bool]:
