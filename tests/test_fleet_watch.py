@@ -1,8 +1,9 @@
 """The fleet controller's watches (:func:`virtualfleet.watch.watch_events`) without a cluster: the
 events of one watch decoded from the stream however it is cut, from the version asked, with
 bookmarks; an ERROR event raises (410: WatchExpired, so the watch starts over from the current state;
-else ApiException); and ``Controller._watch`` resumes from the last version seen instead of
-replaying every object."""
+else ApiException); ``watch.follow`` resumes from the last version seen instead of
+replaying every object; and the node watch keeps the pools' nodes (:mod:`virtualfleet.nodecache`)
+as an informer does."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from virtualfleet import controller, watch
+from virtualfleet import nodecache, pool, watch
 
 
 class Response:
@@ -86,16 +87,110 @@ def test_a_watch_resumes_from_the_last_version_seen() -> None:
             threading.Event().wait()  # the (daemon) watch thread waits here for good
         return Response(answers.pop(0))
 
-    ctl = object.__new__(controller.Controller)
     queued: list[str] = []
-    ctl.enqueue = queued.append  # type: ignore[method-assign, assignment]
 
     def to_pool(obj: dict[str, Any]) -> str | None:
         pool = obj.get("metadata", {}).get("labels", {}).get("mokka.io/virtual-pool")
         return str(pool) if pool else None
 
-    thread = threading.Thread(target=ctl._watch, args=(stream, to_pool, "nodes"), daemon=True)
+    thread = threading.Thread(target=watch.follow, args=(stream, to_pool, queued.append, "nodes"), daemon=True)
     thread.start()
     assert done.wait(10)
     assert versions == [None, "7", "9", None, "12"]
     assert queued == ["p", "q", "p"]
+
+
+class Listed:
+    def __init__(self, items: list[dict[str, Any]], version: str) -> None:
+        self.data = json.dumps({"metadata": {"resourceVersion": version}, "items": items}).encode()
+
+
+def test_the_node_watch_keeps_the_pools_nodes_as_an_informer_does() -> None:
+    """Listed once, then kept by the events from the list's version; an expired watch lists again,
+    and until then reconciles list from the API server (the cache is not synced)."""
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "expired"}}
+    answers: list[Any] = [
+        Listed([node("a", "2"), node("b", "3", "q")], "5"),
+        [{"type": "MODIFIED", "object": node("b", "6", "p")}, {"type": "ADDED", "object": node("c", "7")}],
+        [{"type": "DELETED", "object": node("a", "8")}, gone],
+        Listed([node("d", "11", "r")], "12"),
+    ]
+    calls: list[dict[str, Any]] = []
+    done, synced_at_the_end = threading.Event(), []
+    cache = nodecache.NodeCache()
+
+    def stream(**kw: Any) -> Any:
+        calls.append(kw)
+        if not answers:
+            synced_at_the_end.append(cache.synced.is_set())
+            done.set()
+            threading.Event().wait()
+        answer = answers.pop(0)
+        if isinstance(answer, Listed) and calls[:-1]:  # the list after the expired watch: not synced until it
+            synced_at_the_end.append(cache.synced.is_set())
+        return answer if isinstance(answer, Listed) else Response(answer)
+
+    queued: list[str] = []
+    args = (stream, lambda o: None, queued.append, "nodes", cache)
+    thread = threading.Thread(target=watch.follow, args=args, daemon=True)
+    thread.start()
+    assert done.wait(10)
+    assert [(c.get("watch", False), c.get("resource_version")) for c in calls] == [
+        (False, None),
+        (True, "5"),
+        (True, "7"),
+        (False, None),
+        (True, "12"),
+    ]
+    # the list: p and q; b moved from q to p; c added; a deleted; the second list: p and q gone, r
+    assert queued == ["p", "q", "p", "q", "p", "p", "p", "r"]
+    assert synced_at_the_end == [False, True] and set(cache.nodes("r")) == {"d"} and cache.nodes("p") == {}
+    assert len(cache) == 1
+
+
+def test_the_node_cache_keeps_what_the_controller_reads() -> None:
+    full = {
+        "metadata": {
+            "name": "virtual-p-0",
+            "uid": "u-1",
+            "resourceVersion": "9",
+            "labels": {"mokka.io/virtual-pool": "p", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            "annotations": {
+                "mokka.io/pool-digest": "abc",
+                "kwok.x-k8s.io/node": "fake",
+                "node.alpha.kubernetes.io/ttl": "0",
+            },
+            "managedFields": [{"manager": "kwok"}],
+        },
+        "spec": {"taints": []},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "8", "cpu": "1k"},
+            "capacity": {"nvidia.com/gpu": "8"},
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "r", "message": "m", "lastHeartbeatTime": "t"}
+            ],
+            "images": [],
+        },
+    }
+    cache = nodecache.NodeCache()
+    assert not cache.synced.is_set()
+    assert cache.replace([full]) == {"p"} and cache.synced.is_set()
+    kept = cache.nodes("p")["virtual-p-0"]
+    assert kept == {
+        "metadata": {
+            "name": "virtual-p-0",
+            "uid": "u-1",
+            "labels": full["metadata"]["labels"],
+            "annotations": {"mokka.io/pool-digest": "abc", "kwok.x-k8s.io/node": "fake"},
+        },
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "r", "message": "m"}],
+            "allocatable": {"nvidia.com/gpu": "8"},
+        },
+    }
+    assert pool.ready(kept) and pool.kept_by_kwok(kept)
+    unlabelled = {"metadata": {"name": "virtual-p-0", "labels": {}}}
+    assert cache.apply("MODIFIED", unlabelled) == {"p"} and cache.nodes("p") == {} and len(cache) == 0
+    assert cache.apply("BOOKMARK", full) == set()
+    cache.unsync()
+    assert not cache.synced.is_set()

@@ -11,7 +11,9 @@ condition). Every node is owned by its pool: deleting the pool lets Kubernetes' 
 delete them. KWOK keeps the nodes Ready.
 
 Watches of the pools and of the virtual nodes put pool names on a queue; one worker reconciles
-them, and every pool again each :data:`RESYNC` seconds. Node identities (GPU UUIDs, racks) derive
+them, and every pool again each :data:`RESYNC` seconds. The node watch also keeps the pools' nodes
+in memory (:mod:`.nodecache`: listed once, then kept by its events), which is what a reconcile
+reads instead of listing them. Node identities (GPU UUIDs, racks) derive
 from the node's name and index, so a restarted controller makes byte-identical nodes.
 """
 
@@ -37,7 +39,8 @@ from . import faults, slices, template
 from . import pool as pools
 from .crd import GROUP, PLURAL, VERSION
 from .metrics import Metrics
-from .watch import WatchExpired, watch_events
+from .nodecache import NodeCache
+from .watch import follow
 
 __all__ = ["RESYNC", "Controller", "Settings"]
 
@@ -76,6 +79,7 @@ class Controller:
     metrics: Metrics = field(default_factory=Metrics)
     _templates: dict[str, template.Template] = field(default_factory=dict)
     _queue: queue.Queue[str | None] = field(default_factory=queue.Queue)
+    _cache: NodeCache = field(default_factory=NodeCache)  # filled by run()'s node watch
 
     def __post_init__(self) -> None:
         # One connection per writer: the client's pool holds 4 by default, and a writer without one
@@ -108,6 +112,9 @@ class Controller:
         return list(json.loads(raw.data).get("items") or [])
 
     def _nodes(self, name: str) -> dict[str, Json]:
+        """Pool ``name``'s nodes by name: from the node watch's cache once it is synced, else listed."""
+        if self._cache.synced.is_set():
+            return self._cache.nodes(name)
         selector = f"{pools.POOL_LABEL}={name}"
         raw = self._core().list_node(label_selector=selector, _preload_content=False)
         return {n["metadata"]["name"]: n for n in json.loads(raw.data).get("items") or []}
@@ -276,6 +283,7 @@ class Controller:
             if exc.status != 409:  # made meanwhile (the watch's event came first): the next pass checks it
                 raise
             return
+        self._cache.apply("ADDED", made)  # seen at once by this pass's status (its watch event follows)
         if dra:
             self._slice(pool, i, made["metadata"]["uid"])
 
@@ -313,7 +321,7 @@ class Controller:
             core.patch_node_status(name, {"status": status}, _preload_content=False)
         if dra:
             self._slice(pool, i, node["metadata"]["uid"], name)
-        core.patch_node(name, patch, _preload_content=False)
+        self._cache.apply("MODIFIED", json.loads(core.patch_node(name, patch, _preload_content=False).data))
 
     def _slice(self, pool: pools.Pool, i: int, owner_uid: str, name: str | None = None) -> None:
         """Node ``i``'s (or ``name``'s) ResourceSlices: its GPUs' and, where the profile has
@@ -333,6 +341,7 @@ class Controller:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+        self._cache.apply("DELETED", {"metadata": {"name": node}})
 
     def _write_status(
         self, obj: Json, nodes: dict[str, Json], pool: pools.Pool | None, allocator: str, error: tuple[str, str] | None
@@ -398,24 +407,6 @@ class Controller:
     def enqueue(self, name: str) -> None:
         self._queue.put(name)
 
-    def _watch(self, stream: Callable[..., Any], to_pool: Callable[[Json], str | None], what: str) -> None:
-        """Pool names from ``stream``'s watch, resumed where it ended: a watch the API server closes
-        (a busy server drops slow watchers) goes on from the last version seen instead of starting
-        over, which would replay every object as ADDED (at 10,000 nodes, every few seconds)."""
-        version: str | None = None  # None: from the current state (the first watch, or one expired)
-        while True:
-            try:
-                for event in watch_events(stream, version):
-                    version = event["object"].get("metadata", {}).get("resourceVersion") or version
-                    if event["type"] != "BOOKMARK" and (name := to_pool(event["object"])):
-                        self.enqueue(name)
-            except WatchExpired as exc:
-                log.info("watch of %s: %s: watching from now", what, exc)
-                version = None
-            except Exception as exc:  # the API server restarting, a dropped connection: watch again
-                log.warning("watch of %s ended: %s", what, exc)
-                time.sleep(2)
-
     def run(self, stop: threading.Event) -> None:
         """Reconcile until ``stop`` is set: on every change of a pool or a virtual node, and every
         pool each :data:`RESYNC` seconds."""
@@ -434,9 +425,9 @@ class Controller:
         def node_stream(**kw: Any) -> Any:
             return core.list_node(label_selector=pools.POOL_LABEL, **kw)  # every pool's nodes, whoever made them
 
-        watches: list[tuple[Callable[..., Any], Callable[[Json], str | None], str]] = [
-            (pool_stream, pool_name, "pools"),
-            (node_stream, node_pool, "virtual nodes"),
+        watches: list[tuple[Callable[..., Any], Callable[[Json], str | None], str, NodeCache | None]] = [
+            (pool_stream, pool_name, "pools", None),
+            (node_stream, node_pool, "virtual nodes", self._cache),
         ]
         if self.settings.faults is not None:
             namespace, name = self.settings.faults
@@ -444,9 +435,10 @@ class Controller:
             def fault_stream(**kw: Any) -> Any:
                 return core.list_namespaced_config_map(namespace, field_selector=f"metadata.name={name}", **kw)
 
-            watches.append((fault_stream, lambda _obj: EVERY_POOL, f"the fault ConfigMap {namespace}/{name}"))
-        for target, to_pool, what in watches:
-            threading.Thread(target=self._watch, args=(target, to_pool, what), daemon=True, name=what).start()
+            watches.append((fault_stream, lambda _obj: EVERY_POOL, f"the fault ConfigMap {namespace}/{name}", None))
+        for target, to_pool, what, cache in watches:
+            args = (target, to_pool, self.enqueue, what, cache)
+            threading.Thread(target=follow, args=args, daemon=True, name=what).start()
         last_resync = 0.0
         while not stop.is_set():
             if time.monotonic() - last_resync >= RESYNC:
