@@ -111,3 +111,10 @@ def test_bench_dcgm(tmp_path: Path) -> None:
     ):
         assert figure in out, out
     assert "64 GPUs" in (tmp_path / "dcgm-scrape.svg").read_text()
+
+
+def test_kind_bench_refuses_bad_counts_in_one_line() -> None:
+    """``python -m kind.bench`` (mokka cluster up beside kind create cluster; run by hand, minutes)."""
+    for bad in (["--nodes", "0"], ["--rounds", "0"]):
+        res = subprocess.run([sys.executable, "-m", "kind.bench", *bad], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and res.stderr == "kind.bench: error: --nodes and --rounds must be at least 1\n"
