@@ -6,7 +6,10 @@ served by FGO, side by side in the same run, each in a cluster of its own:
 - ``up`` → N nodes Ready with their GPUs (the step of ``up`` that makes them; all of ``up`` too);
 - RSS of kube-apiserver, etcd, kwok (and FGO's processes) with the N nodes up;
 - scheduling throughput: a Deployment of ``--pods`` one-GPU pods over the N nodes, create → every
-  pod bound (pods/s) and → every pod Running.
+  pod bound (pods/s) and → every pod Running, once the cluster has been left ``settle`` seconds
+  after its nodes are Ready (right after ``up`` the machine still works off the burst of N nodes made
+  and readied: KWOK's first heartbeats, the node controller, the fleet controller; a side that came
+  up later would otherwise schedule on a quieter machine).
 
 Targets (2 cores): 1000 virtual nodes Ready <= 60 s; no process per node (kwok is one). Figures are
 printed with their targets, a missed one marked MISSED; nothing asserts on them.
@@ -79,7 +82,7 @@ def schedule(c: Cluster, selector: dict[str, str], pods: int, timeout: float = 9
     return bound, running
 
 
-def _one(options: Options, selector: dict[str, str], pods: int) -> dict[str, Any]:
+def _one(options: Options, selector: dict[str, str], pods: int, settle: float) -> dict[str, Any]:
     t0 = time.monotonic()
     c = Cluster.up(options, progress=lambda s: None)
     try:
@@ -89,6 +92,7 @@ def _one(options: Options, selector: dict[str, str], pods: int) -> dict[str, Any
                     == (not options.fgo, bool(options.fgo)))  # fmt: skip
         rss = _rss(c, ("kube-apiserver", "etcd", "kwok", "fgo-status-updater", "fgo-kwok-gpu-device-plugin",
                        "fgo-status-exporter-kwok"))  # fmt: skip
+        time.sleep(settle)
         bound, running = schedule(c, selector, pods)
         return {"up": up, "ready": step, "rss": rss, "bound": bound, "running": running}
     finally:
@@ -107,18 +111,19 @@ def _fgo_found() -> bool:
     return shared is not None
 
 
-def run(profile: str, count: int, pods: int, svg: Path | None = None) -> None:
+def run(profile: str, count: int, pods: int, svg: Path | None = None, settle: float = 60.0) -> None:
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="mokka-bench-virtual-") as tmp:
         # The first `up` builds or fetches whatever the cache lacks: it is not timed.
         Cluster.up(Options(base=Path(tmp) / "warm", profile=profile), progress=lambda s: None).down()
         spec = VirtualSpec(profile, None, count)
         opts = Options(base=Path(tmp) / "mokka", profile=profile, virtual=(spec,))
-        results["mokka"] = _one(opts, {VIRTUAL_LABEL: "true"}, pods)
+        results["mokka"] = _one(opts, {VIRTUAL_LABEL: "true"}, pods, settle)
         if _fgo_found():
             fgo_spec = FgoSpec("bench", profile, count)
             opts = Options(base=Path(tmp) / "fgo", profile=profile, fgo=(fgo_spec,))
-            results["fgo"] = _one(opts, {FGO_POOL_LABEL: "bench"}, pods)
+            results["fgo"] = _one(opts, {FGO_POOL_LABEL: "bench"}, pods, settle)
+    print(f"pods scheduled {settle:g} s after each side's nodes were Ready (--settle)", flush=True)
     print(f"{'figure':<46}{'median':>10}    {'target':>16}", flush=True)
     for who, r in results.items():
         label = "Mokka virtual" if who == "mokka" else "fake-gpu-operator"

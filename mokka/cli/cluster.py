@@ -432,6 +432,15 @@ def bench_gpu_operator(profile_name: str, counts: tuple[int, ...]) -> None:
     "up -> N Ready (target: 1000 <= 60 s), RSS, and --pods one-GPU pods scheduled (default 1000).",
 )
 @click.option(
+    "--settle",
+    type=click.FloatRange(0, 3600),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --virtual: how long each side's cluster is left after its nodes are Ready before its pods are "
+    "scheduled (both sides schedule on a machine done with making and readying the nodes).",
+)
+@click.option(
     "--svg",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -443,6 +452,7 @@ def bench_cluster(
     pods: int | None,
     nodes: tuple[Any, ...],
     virtual_count: int | None,
+    settle: float,
     svg: Path | None,
 ) -> None:
     """Warm `cluster up` → node Ready (target <= 30 s); pod with 2 GPUs vs none: create → Running (ratio <= 1.2).
@@ -461,7 +471,7 @@ def bench_cluster(
         if virtual_count:
             from bench import virtual as bench_virtual
 
-            bench_virtual.run(profile_name, virtual_count, pods or 1000, svg)
+            bench_virtual.run(profile_name, virtual_count, pods or 1000, svg, settle)
             return
         pods = pods or 5
         if nodes:
