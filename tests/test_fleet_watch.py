@@ -110,6 +110,8 @@ def test_the_node_watch_keeps_the_pools_nodes_as_an_informer_does() -> None:
     and until then reconciles list from the API server (the cache is not synced)."""
     gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "expired"}}
     answers: list[Any] = [
+        Listed([], "1"),  # an empty cache (falsy by its length) keeps what comes
+        [{"type": "ADDED", "object": node("z", "1", "s")}, gone],
         Listed([node("a", "2"), node("b", "3", "q")], "5"),
         [{"type": "MODIFIED", "object": node("b", "6", "p")}, {"type": "ADDED", "object": node("c", "7")}],
         [{"type": "DELETED", "object": node("a", "8")}, gone],
@@ -137,15 +139,17 @@ def test_the_node_watch_keeps_the_pools_nodes_as_an_informer_does() -> None:
     assert done.wait(10)
     assert [(c.get("watch", False), c.get("resource_version")) for c in calls] == [
         (False, None),
+        (True, "1"),
+        (False, None),
         (True, "5"),
         (True, "7"),
         (False, None),
         (True, "12"),
     ]
-    # the list: p and q; b moved from q to p; c added; a deleted; the second list: p and q gone, r
-    assert queued == ["p", "q", "p", "q", "p", "p", "p", "r"]
-    assert synced_at_the_end == [False, True] and set(cache.nodes("r")) == {"d"} and cache.nodes("p") == {}
-    assert len(cache) == 1
+    # s added; the list: s gone, p and q; b moved from q to p; c added; a deleted; the last list: p, q gone, r
+    assert queued == ["s", "p", "q", "s", "p", "q", "p", "p", "p", "r"]
+    assert synced_at_the_end == [False, False, True] and set(cache.nodes("r")) == {"d"} and cache.nodes("p") == {}
+    assert cache.size() == 1
 
 
 def test_the_node_cache_keeps_what_the_controller_reads() -> None:
@@ -190,7 +194,7 @@ def test_the_node_cache_keeps_what_the_controller_reads() -> None:
     }
     assert pool.ready(kept) and pool.kept_by_kwok(kept)
     unlabelled = {"metadata": {"name": "virtual-p-0", "labels": {}}}
-    assert cache.apply("MODIFIED", unlabelled) == {"p"} and cache.nodes("p") == {} and len(cache) == 0
+    assert cache.apply("MODIFIED", unlabelled) == {"p"} and cache.nodes("p") == {} and cache.size() == 0
     assert cache.apply("BOOKMARK", full) == set()
     cache.unsync()
     assert not cache.synced.is_set()

@@ -96,7 +96,8 @@ class NodeCache:
         """The watch lost its place: read from the API server until the next list."""
         self.synced.clear()
 
-    def __len__(self) -> int:
+    def size(self) -> int:
+        """Nodes kept (no ``__len__``: an empty cache must not read as no cache)."""
         return len(self._pool_of)
 
     def _put(self, node: Json) -> str | None:

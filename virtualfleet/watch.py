@@ -81,7 +81,7 @@ def follow(
                 version = event["object"].get("metadata", {}).get("resourceVersion") or version
                 if event["type"] == "BOOKMARK":
                     continue
-                names = cache.apply(event["type"], event["object"]) if cache else {to_pool(event["object"])}
+                names = cache.apply(event["type"], event["object"]) if cache is not None else {to_pool(event["object"])}
                 for name in sorted(n for n in names if n):
                     enqueue(name)
         except WatchExpired as exc:
