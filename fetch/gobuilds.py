@@ -16,7 +16,7 @@ one after the other (212 s against 218 s).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,7 +41,7 @@ def _cached(spec: Spec, cache: Path) -> bool:
 
 class GoBuilds:
     """``start(specs)`` queues the builds not cached yet, in order, ``jobs`` at a time;
-    ``wait(specs)`` returns once those are built (raising the first build's error)."""
+    ``wait(specs)`` returns once those of them queued are built (raising the first build's error)."""
 
     def __init__(self, cache: Path, jobs: int = JOBS) -> None:
         self.cache = cache
@@ -60,8 +60,7 @@ class GoBuilds:
         for spec in todo:
             self.futures[spec] = self.pool.submit(self._build, spec)
 
-    def wait(self, specs: Sequence[Spec]) -> None:
-        self.start(specs)
+    def wait(self, specs: Iterable[Spec]) -> None:
         for spec in specs:
             if spec in self.futures:
                 self.futures[spec].result()

@@ -36,6 +36,7 @@ from fetch.versions import GoBuild
 __all__ = [
     "BuildError",
     "build",
+    "cache_environment",
     "cached",
     "candidates",
     "debian_toolchain",
@@ -242,14 +243,21 @@ def install(command_at_version: str, cache: Path | None = None) -> Path:
     return build(GoBuild(name=name, version=version, commands=(command,)), cache) / name
 
 
+def cache_environment(caches: Path) -> dict[str, str]:
+    """Go's GOPATH, module cache and build cache under ``caches`` (a build's own, or shared)."""
+    return {
+        "GOPATH": str(caches / "gopath"),
+        "GOMODCACHE": str(caches / "gopath" / "pkg" / "mod"),
+        "GOCACHE": str(caches / "gocache"),
+    }
+
+
 def _environment(spec: GoBuild, caches: Path) -> dict[str, str]:
     env = dict(os.environ)
     for key in ("GOROOT", "GOBIN", "GOPATH", "GOMODCACHE", "GOCACHE", "GOFLAGS"):
         env.pop(key, None)
+    env.update(cache_environment(caches))
     env.update(
-        GOPATH=str(caches / "gopath"),
-        GOMODCACHE=str(caches / "gopath" / "pkg" / "mod"),
-        GOCACHE=str(caches / "gocache"),
         GOWORK="off",
         GOFLAGS="-mod=mod -modcacherw",
         GOTOOLCHAIN="local",

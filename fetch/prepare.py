@@ -224,7 +224,7 @@ def prepare(*, tests: bool = False, cache: Path | None = None, extra: Sequence[I
     cache = cache or debcache.default_cache()
     items = [i for i in (*ITEMS, *extra) if tests or not i.tests]
     progress = Progress(len(items) + 1, prefix="prepare ")
-    builds = gobuilds.GoBuilds(cache)
+    builds, queued = gobuilds.GoBuilds(cache), False
     try:
         for item in items:
             with progress.step(f"{item.what} — {item.why}") as note:
@@ -232,7 +232,9 @@ def prepare(*, tests: bool = False, cache: Path | None = None, extra: Sequence[I
                     note("cached")
                     continue
                 if item.go:
-                    builds.start(s for i in items if not i.done(cache) for s in i.go)  # the later ones too
+                    if not queued:  # every item's builds, in order: the later ones run while this one waits
+                        builds.start(s for i in items for s in i.go)
+                        queued = True
                     builds.wait(item.go)
                 made = str(item.make(cache))
                 note(made.removeprefix(f"{cache}/"))

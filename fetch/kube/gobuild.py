@@ -222,10 +222,8 @@ def _go_env(spec: GoBuild, caches: Path) -> dict[str, str]:
     env = dict(os.environ)
     for key in ("GOROOT", "GOBIN", "GOWORK"):
         env.pop(key, None)
+    env.update(gotool.cache_environment(caches))
     env.update(
-        GOPATH=str(caches / "gopath"),
-        GOMODCACHE=str(caches / "gopath" / "pkg" / "mod"),
-        GOCACHE=str(caches / "gocache"),
         GOFLAGS="-mod=mod -modcacherw",  # shared caches are removed without Go
         GOTOOLCHAIN="local",
         CGO_ENABLED="1" if spec.cgo else "0",
