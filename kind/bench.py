@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from kind import nodeimage, provider
+from kind import provider
 
 __all__ = ["main"]
 
@@ -46,26 +46,11 @@ def _mokka(base: Path, profile: str, nodes: int) -> dict[str, float]:
 
 
 def _kind(base: Path, nodes: int) -> dict[str, float]:
-    from fetch import prepare, versions
-    from fetch.kube import binaries
-
-    kube, image = binaries.cached(), nodeimage.cached()
-    if kube is None or image is None:
-        raise provider.ProviderError(f"the Kubernetes build or kind's node image is missing: {prepare.HOW}")
     roles = [{"role": "control-plane"}, *({"role": "worker"} for _ in range(nodes - 1))]
     source = base.with_name(base.name + ".yaml")
     source.write_text(yaml.safe_dump({"kind": "Cluster", "apiVersion": "kind.x-k8s.io/v1alpha4", "nodes": roles}))
-    env = provider.KindEnvironment(base, prepare.go_binary(versions.KIND), kube.kubernetes / "kubectl")
+    env, ready = provider.create(base, NAME, source)
     try:
-        env.start()
-        env.load_image(image, nodeimage.NODE_IMAGE)
-        config = base / "cluster.yaml"
-        config.write_text(provider.cluster_config(source, nodeimage.NODE_IMAGE, nodeimage.etcd_image_tag()))
-        t0 = time.monotonic()
-        env.kind("create", "cluster", "--name", NAME, "--config", str(config))
-        env.record_containers()
-        env.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=600s", timeout=620)
-        ready = time.monotonic() - t0
         t0 = time.monotonic()
         env.kind("delete", "cluster", "--name", NAME, timeout=300)
         down = time.monotonic() - t0

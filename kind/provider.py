@@ -55,7 +55,15 @@ from containers import cleanup
 from fetch import containerd_dist, debcache
 from kind.relay import Relay, RelayError
 
-__all__ = ["KindEnvironment", "ProviderError", "cluster_config", "dns_tools", "dns_tools_cached", "host_state"]
+__all__ = [
+    "KindEnvironment",
+    "ProviderError",
+    "cluster_config",
+    "create",
+    "dns_tools",
+    "dns_tools_cached",
+    "host_state",
+]
 
 ULIMITS = ("nofile=20000:20000", "nproc=32768:32768")
 CNI_PLUGIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins, podman 4.3's CNI backend
@@ -459,7 +467,10 @@ python -m kind.provider run DIR -- COMMAND...                  COMMAND in its na
 python -m kind.provider down DIR                               kind delete cluster, clean up, prove nothing is left"""
 
 
-def _up(base: Path, name: str, config: Path) -> int:
+def create(base: Path, name: str, config: Path) -> tuple[KindEnvironment, float]:
+    """kind cluster ``name`` of kind config ``config`` (its nodes on the node image built here) in a
+    new environment under ``base``, every node Ready; the environment, and the seconds from
+    ``kind create cluster`` to every node Ready. On a failure the environment is closed."""
     from fetch import prepare, versions
     from fetch.kube import binaries
     from kind import nodeimage
@@ -469,19 +480,25 @@ def _up(base: Path, name: str, config: Path) -> int:
     if kube is None or image is None:
         raise ProviderError(f"the Kubernetes build or kind's node image is missing: {prepare.HOW}")
     base.mkdir(parents=True, exist_ok=True)
-    before = host_state()
     env = KindEnvironment(base, prepare.go_binary(versions.KIND), kube.kubernetes / "kubectl")
-    t0 = time.monotonic()
     try:
         env.start()
         env.load_image(image, nodeimage.NODE_IMAGE)
         (base / "cluster.yaml").write_text(cluster_config(config, nodeimage.NODE_IMAGE, nodeimage.etcd_image_tag()))
+        t0 = time.monotonic()
         env.kind("create", "cluster", "--name", name, "--config", str(base / "cluster.yaml"))
         env.record_containers()
         env.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=300s", timeout=320)
+        return env, time.monotonic() - t0
     except BaseException:
         env.close()
         raise
+
+
+def _up(base: Path, name: str, config: Path) -> int:
+    before = host_state()
+    t0 = time.monotonic()
+    env, _ = create(base, name, config)
     env.save(name=name, host=before)
     print(env.kubectl("get", "nodes").rstrip())
     print(f"cluster {name} up in {time.monotonic() - t0:.0f}s; `python -m kind.provider run {base} -- kubectl ...`")

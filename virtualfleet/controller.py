@@ -414,9 +414,6 @@ class Controller:
         def pool_name(obj: Json) -> str | None:
             return str(obj.get("metadata", {}).get("name") or "") or None
 
-        def node_pool(obj: Json) -> str | None:
-            return str(obj.get("metadata", {}).get("labels", {}).get(pools.POOL_LABEL) or "") or None
-
         custom, core = self._custom(), self._core()
 
         def pool_stream(**kw: Any) -> Any:
@@ -427,7 +424,7 @@ class Controller:
 
         watches: list[tuple[Callable[..., Any], Callable[[Json], str | None], str, NodeCache | None]] = [
             (pool_stream, pool_name, "pools", None),
-            (node_stream, node_pool, "virtual nodes", self._cache),
+            (node_stream, lambda _obj: None, "virtual nodes", self._cache),  # its cache names the pools touched
         ]
         if self.settings.faults is not None:
             namespace, name = self.settings.faults
