@@ -176,15 +176,41 @@ def driver_procfs(layout: NodeLayout, *, modules: bool = False) -> tuple[Hook, .
     return (Hook(layout.proc_hook, args),)
 
 
+def with_driver_procfs(layout: NodeLayout, edits: ContainerEdits, *, modules: bool = False) -> ContainerEdits:
+    """``edits`` with Mokka's hook (:func:`driver_procfs`), which then also makes what ``edits``
+    would otherwise list as mounts: each second name of a file already mounted in the same
+    directory (``libnvidia-ml.so.1``, ``libcuda.so.1``) a symbolic link to the first, as it is on
+    a GPU node; and the staged sys/ and proc/ trees' read-only mounts. The container sees the same
+    files; its spec, which containerd 2.x decodes again at every status of every container in the
+    pod, is smaller. Only where the edits themselves are applied: beside CDI references, whose
+    spec brings those mounts, the hook is :func:`driver_procfs` alone."""
+    hooks = driver_procfs(layout, modules=modules)
+    if not hooks:
+        return edits
+    first: dict[tuple[str, str], str] = {}  # (host file, directory in the container) -> its first name there
+    mounts: list[Mount] = []
+    extra: list[str] = []
+    for m in edits.mounts:
+        directory, _, name = m.container_path.rpartition("/")
+        if (m.host_path, directory) in first:
+            extra += ["--link", f"{m.container_path}={first[m.host_path, directory]}"]
+        elif m.options == READ_ONLY and directory == TREES_IN_CONTAINER and name in ("sys", "proc"):
+            extra += ["--bind", f"{m.host_path}={m.container_path}"]
+        else:
+            first.setdefault((m.host_path, directory), name)
+            mounts.append(m)
+    hook = replace(hooks[0], args=hooks[0].args + tuple(extra))
+    return replace(edits, mounts=tuple(mounts), hooks=(*edits.hooks, hook))
+
+
 def mig_configuration(layout: NodeLayout, edits: ContainerEdits) -> ContainerEdits:
     """``edits`` for a container given the MIG configuration capability (NVIDIA's MIG manager):
     the library that carries the state mounted writable (MIG changes are writes to it; read-only,
-    NVML answers NO_PERMISSION as it does an unprivileged caller), and /proc/modules beside the
-    driver's procfs (:func:`driver_procfs`)."""
+    NVML answers NO_PERMISSION as it does an unprivileged caller); the hook then shows it
+    /proc/modules beside the driver's procfs (:func:`with_driver_procfs` with ``modules``)."""
     writable = tuple(Mount(m.host_path, m.container_path, WRITABLE) if m.host_path == layout.state else m
                      for m in edits.mounts)  # fmt: skip
-    others = tuple(h for h in edits.hooks if h.path != layout.proc_hook)
-    return replace(edits, mounts=writable, hooks=others + driver_procfs(layout, modules=True))
+    return replace(edits, mounts=writable)
 
 
 def mig_device_nodes(layout: NodeLayout, device: MigDevice) -> tuple[DeviceNode, ...]:

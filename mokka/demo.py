@@ -183,10 +183,12 @@ def run(opts: Options) -> int:
         click.echo("What the plugin injected into the container (it has nothing NVIDIA of its own):")
         if injected:
             click.echo(f"  {injected[-1]}")
-        all_edits = edits.container_edits(layout, layout.gpus)
+        all_edits = edits.with_driver_procfs(layout, edits.container_edits(layout, layout.gpus))
         click.echo(f"  device nodes: {', '.join(n.path for n in all_edits.device_nodes)}")
         for m in all_edits.mounts:
-            click.echo(f"  mount (ro): {m.host_path} -> {m.container_path}")
+            click.echo(f"  mount ({m.options[0]}): {m.host_path} -> {m.container_path}")
+        for h in all_edits.hooks:  # the driver's /proc, the libraries' second names, the staged trees
+            click.echo(f"  hook: {h.path} {' '.join(h.args[1:])}")
         click.echo(f"  env: {' '.join(sorted(all_edits.env_dict()))}")
         with progress.step("teardown" if not opts.keep else "kept running (--keep)") as note:
             if opts.keep:

@@ -34,7 +34,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from gpumodel.edits import ContainerEdits, container_edits, driver_procfs, kernel_view, mig_configuration
+from gpumodel.edits import (
+    ContainerEdits,
+    container_edits,
+    driver_procfs,
+    kernel_view,
+    mig_configuration,
+    with_driver_procfs,
+)
 from gpumodel.mig_devices import GpuMig, MigDevice
 from gpumodel.nodelayout import GpuNode, NodeLayout
 
@@ -207,14 +214,18 @@ def _select(
 
 def decide(c: Container, layout: NodeLayout, config: Config, mig: Sequence[GpuMig] = ()) -> Decision:
     d = _decide(c, layout, config, mig)
-    if d.edits is None:
+    edits = d.edits
+    if edits is None:
         return d
-    if c.env.get(MIG_CONFIG_DEVICES, "").strip() not in ("", "void", "none"):
+    modules = c.env.get(MIG_CONFIG_DEVICES, "").strip() not in ("", "void", "none")
+    if modules:
         why = f"{d.reason}; {MIG_CONFIG_DEVICES}: the state writable, the node's /proc/modules"
-        return replace(d, reason=why, edits=mig_configuration(layout, d.edits))
-    if c.driver_mounts:  # a runtime's CDI spec brought the driver (and its hooks): they have /proc
+        d, edits = replace(d, reason=why), mig_configuration(layout, edits)
+    elif c.driver_mounts:  # a runtime's CDI spec brought the driver (and its hooks): they have /proc
         return d
-    return replace(d, edits=replace(d.edits, hooks=d.edits.hooks + driver_procfs(layout)))
+    if d.cdi_devices:  # the runtime applies the references' spec: the hook only adds /proc
+        return replace(d, edits=replace(edits, hooks=edits.hooks + driver_procfs(layout, modules=modules)))
+    return replace(d, edits=with_driver_procfs(layout, edits, modules=modules))
 
 
 def _decide(c: Container, layout: NodeLayout, config: Config, mig: Sequence[GpuMig]) -> Decision:

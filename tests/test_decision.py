@@ -281,15 +281,17 @@ def test_the_mig_configuration_capability_brings_the_nodes_proc_modules(layout: 
     assert d.edits is not None and gpu_nodes(d) == [f"/dev/nvidia{i}" for i in range(8)]
     args = ("mokka-proc-hook", "--driver", "/var/lib/mokka/proc/driver")
     args += ("--proc", "modules=/var/lib/mokka/proc/modules")
-    assert d.edits.hooks == (edits.Hook(hooked.proc_hook, args),)
+    link = ("--link", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1=libnvidia-ml.so.550.163.01")
+    assert d.edits.hooks == (edits.Hook(hooked.proc_hook, args + link),)
     assert "NVIDIA_MIG_CONFIG_DEVICES: the state writable, the node's /proc/modules" in d.describe()
     library = [m for m in d.edits.mounts if m.host_path == hooked.state]
-    assert len(library) == 2 and all(m.options == edits.WRITABLE for m in library)  # .so.1 and .so.<version>
+    assert [m.container_path for m in library] == ["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.163.01"]
+    assert library[0].options == edits.WRITABLE  # .so.1: the hook's link to it
     assert all(m.options == edits.READ_ONLY for m in d.edits.mounts if m.host_path != hooked.state)
     adjust = api.ContainerAdjustment().parse(reply.adjustment(d.edits))
-    assert [(h.path, h.args) for h in adjust.hooks.create_container] == [(hooked.proc_hook, list(args))]
+    assert [(h.path, h.args) for h in adjust.hooks.create_container] == [(hooked.proc_hook, list(args + link))]
     assert decide(ctr(env=env), hooked, Config()).edits.hooks  # Mokka allocating: the same  # type: ignore[union-attr]
-    driver_only = (edits.Hook(hooked.proc_hook, args[:3]),)  # every GPU container: the driver's procfs
+    driver_only = (edits.Hook(hooked.proc_hook, args[:3] + link),)  # every GPU container: the driver's procfs
     plain = decide(ctr(env={"NVIDIA_VISIBLE_DEVICES": "all"}), hooked, external)
     assert plain.edits is not None and plain.edits.hooks == driver_only
     assert all(m.options == edits.READ_ONLY for m in plain.edits.mounts)

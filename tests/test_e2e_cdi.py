@@ -111,7 +111,10 @@ def assert_sees_exactly(output: str, layout: nodelayout.NodeLayout, gpu: int) ->
     assert nodes[f"nvidia{gpu}"] == (layout.gpu_major, gpu)
     assert {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"} <= set(nodes), output
     assert not [e for e in got["env"] if e.startswith("MOKKA_STATE=")], output  # the library carries the state
-    library = [ln.split() for ln in got["mounts"] if ln.split()[4] == LIBRARY_IN_CONTAINER]
+    # the versioned file is mounted (libnvidia-ml.so.1 beside it: a second mount through CDI, the
+    # hook's link to it through the plugin, as on a GPU node)
+    versioned = f"{LIBRARY_IN_CONTAINER.removesuffix('.so.1')}.so.{layout.driver_version}"
+    library = [ln.split() for ln in got["mounts"] if ln.split()[4] == versioned]
     assert len(library) == 1, output
     assert "ro" in library[0][5].split(","), library  # per-mount options
     assert got["write"] == ["read-only"], output

@@ -7,7 +7,6 @@ import os
 import socket
 import threading
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -52,8 +51,21 @@ def test_default_adjustment(root: Path) -> None:
     assert adj is not None
     layout = nodelayout.NodeLayout.load(root)
     # the GPUs' edits, and the hook showing the container the driver's procfs
-    expected = replace(edits.container_edits(layout, layout.gpus), hooks=edits.driver_procfs(layout))
+    full = edits.container_edits(layout, layout.gpus)
+    expected = edits.with_driver_procfs(layout, full)
     assert layout.proc_hook and [h.path for h in adj.hooks.create_container] == [layout.proc_hook]
+    # which makes what the spec then leaves out: the libraries' second names as links to the
+    # versioned files, the staged trees bound read-only; together, every mount of the full edits
+    args = adj.hooks.create_container[0].args
+    made = {
+        opt: [args[i + 1].split("=", 1) for i in range(len(args)) if args[i] == opt] for opt in ("--link", "--bind")
+    }
+    libdir, version = edits.libdir_in_container(layout), layout.driver_version
+    assert made["--link"] == [[f"{libdir}/libnvidia-ml.so.1", f"libnvidia-ml.so.{version}"],
+                              [f"{libdir}/libcuda.so.1", f"libcuda.so.{version}"]]  # fmt: skip
+    assert made["--bind"] == [[f"{root}/{t}", f"{edits.TREES_IN_CONTAINER}/{t}"] for t in ("sys", "proc")]
+    linked = {path for path, _ in made["--link"]} | {path for _, path in made["--bind"]}
+    assert sorted({m.destination for m in adj.mounts} | linked) == sorted(m.container_path for m in full.mounts)
     assert {(e.key, e.value) for e in adj.env} == set(expected.env_dict().items())
     assert [d.path for d in adj.linux.devices] == [n.path for n in expected.device_nodes]
     assert all(d.file_mode.value == 0o666 for d in adj.linux.devices)

@@ -49,13 +49,14 @@ def staged(tmp_path: Path) -> Path:
     return proc
 
 
-def run(hook: Path, b: Path, args: list[str], inside: str) -> subprocess.CompletedProcess[str]:
-    """The hook in a new mount and pid namespace (procfs and a /dev tmpfs mounted as runc does),
-    then ``inside`` (no single quotes) in the container's root; the state names the bundle."""
+def run(hook: Path, b: Path, args: list[str], inside: str, before: str = "true") -> subprocess.CompletedProcess[str]:
+    """The hook in a new mount and pid namespace (procfs and a /dev tmpfs mounted as runc does,
+    then ``before``, the spec's own mounts), then ``inside`` (no single quotes) in the container's
+    root; the state names the bundle."""
     state = json.dumps({"ociVersion": "1.0.2", "id": "c", "status": "creating", "pid": 1, "bundle": str(b)})
     root = b / "rootfs"
     script = (
-        f"mount -t proc proc {root}/proc && mount -t tmpfs dev {root}/dev && "
+        f"mount -t proc proc {root}/proc && mount -t tmpfs dev {root}/dev && {before} && "
         f"echo '{state}' | {hook} {' '.join(args)} && "
         f"chroot {root} /bin/busybox sh -c 'export PATH=/bin; {inside}'"
     )
@@ -102,6 +103,53 @@ def test_files_given_replace_procs_own_and_it_stays_procfs_for_the_reader(hook: 
     ], res.stdout
 
 
+def test_binds_and_links_are_made_inside_the_root_even_through_the_images_links(hook: Path, tmp_path: Path) -> None:
+    """--bind and --link stand in for the spec's mounts of the staged trees and the libraries'
+    second names: the directory read-only at its path (its directories made), the link replacing
+    what the image had; a link of the image's own (``run`` -> an absolute path) is followed
+    inside the root, never to the host's path of the same name."""
+    proc = staged(tmp_path)
+    b = bundle(tmp_path)
+    rootfs = b / "rootfs"
+    outside = tmp_path / "outside"  # the image's `run` points at this absolute path: the host's must stay untouched
+    (rootfs / "run").symlink_to(outside)
+    libdir = rootfs / "usr" / "lib" / "x86_64-linux-gnu"
+    libdir.mkdir(parents=True)
+    (libdir / "libnvidia-ml.so.1").write_text("the image's own stub\n")
+    (libdir / "libnvidia-ml.so.570.1").write_text("the driver's library\n")
+    trees = tmp_path / "node" / "sys"
+    (trees / "bus" / "pci").mkdir(parents=True)
+    (trees / "bus" / "pci" / "marker").write_text("staged sysfs\n")
+    args = ["--driver", str(proc / "driver"), "--bind", f"{trees}=/run/mokka/root/sys"]
+    args += ["--link", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1=libnvidia-ml.so.570.1"]
+    args += ["--link", "/usr/lib/x86_64-linux-gnu/libcuda.so.1=libcuda.so.570.1"]
+    args += ["--link", "/usr/lib/x86_64-linux-gnu/libdcgm.so.4=libdcgm.so.4.1"]  # a mount of the spec's there: it stays
+    (libdir / "libdcgm.so.4").write_text("")
+    (tmp_path / "theirs").write_text("the container's own mount\n")
+    before = f"mount --bind {tmp_path / 'theirs'} {libdir / 'libdcgm.so.4'}"
+    inside = (
+        "busybox cat /run/mokka/root/sys/bus/pci/marker; "
+        "echo x > /run/mokka/root/sys/new 2>/dev/null && echo writable || echo read-only; "
+        "busybox readlink /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1; "
+        "busybox cat /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1; "
+        "busybox readlink /usr/lib/x86_64-linux-gnu/libcuda.so.1; "
+        "busybox cat /usr/lib/x86_64-linux-gnu/libdcgm.so.4"
+    )
+    res = run(hook, b, args, inside, before)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "staged sysfs",
+        "read-only",
+        "libnvidia-ml.so.570.1",
+        "the driver's library",
+        "libcuda.so.570.1",  # a link where the image had nothing (its target arrives with its own mount)
+        "the container's own mount",
+    ], res.stdout
+    assert not outside.exists()  # resolved inside the root: made at rootfs/<outside>
+    assert (rootfs / str(outside).lstrip("/") / "mokka" / "root" / "sys").is_dir()
+    assert not list(trees.parent.glob("sys/new"))
+
+
 def test_bad_use_is_one_line_and_changes_nothing(hook: Path, tmp_path: Path) -> None:
     res = subprocess.run([str(hook)], capture_output=True, text=True, timeout=30, check=False)
     assert res.returncode == 2 and res.stderr.startswith("usage: mokka-proc-hook --driver DIR"), res.stderr
@@ -110,3 +158,6 @@ def test_bad_use_is_one_line_and_changes_nothing(hook: Path, tmp_path: Path) -> 
     )
     assert res.returncode == 1
     assert res.stderr == "mokka-proc-hook: the OCI state on stdin names no bundle\n", res.stderr
+    for bad in (["--bind", "relative=dir"], ["--bind", "/host/dir=relative"], ["--link", "/no-target"]):
+        res = subprocess.run([str(hook), "--driver", str(tmp_path), *bad], capture_output=True, text=True, timeout=30)
+        assert res.returncode == 2 and res.stderr.startswith("usage: mokka-proc-hook --driver DIR"), (bad, res.stderr)
