@@ -227,9 +227,14 @@ def mig_device_nodes(layout: NodeLayout, device: MigDevice) -> tuple[DeviceNode,
 def container_edits(
     layout: NodeLayout, gpus: Sequence[GpuNode], mig_devices: Sequence[MigDevice] = ()
 ) -> ContainerEdits:
-    """Everything a container needs to see exactly ``gpus`` and ``mig_devices``."""
+    """Everything a container needs to see exactly ``gpus`` and ``mig_devices``.
+
+    ``NVIDIA_VISIBLE_DEVICES`` names whole GPUs by index, as ``docker run --gpus '"device=0,1"'``
+    and the device plugin's index strategy do (a list of eight UUIDs is 330 bytes more of a spec
+    containerd 2.x decodes again and again), and MIG devices by UUID, which outlives a change of
+    the GPU's MIG layout."""
     common = common_edits(layout)
-    names = [g.uuid for g in gpus] + [d.uuid for d in mig_devices]
+    names = [str(g.index) for g in gpus] + [d.uuid for d in mig_devices]
     visible = ",".join(names) if names else "void"
     nodes = [gpu_node(layout, g) for g in gpus]
     for d in mig_devices:

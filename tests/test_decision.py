@@ -42,7 +42,7 @@ def test_default_gets_every_gpu(layout: nodelayout.NodeLayout) -> None:
     assert [g.index for g in d.gpus] == list(range(8))
     assert gpu_nodes(d) == [f"/dev/nvidia{i}" for i in range(8)]
     env = d.edits.env_dict() if d.edits else {}
-    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(g.uuid for g in layout.gpus)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"  # by index, as docker run --gpus names them
     assert "MOKKA_STATE" not in env  # the library carries the state: nothing else to find
     assert all(m.options == edits.READ_ONLY for m in (d.edits.mounts if d.edits else ()))
     assert {m.container_path for m in (d.edits.mounts if d.edits else ())} >= {
@@ -189,12 +189,12 @@ def test_external_device_specs_get_the_rest(layout: nodelayout.NodeLayout) -> No
     assert d.edits is not None
     added = [n.path for n in d.edits.device_nodes]
     assert "/dev/nvidia4" not in added and "/dev/nvidiactl" not in added and "/dev/nvidia-uvm" in added
-    assert d.edits.env_dict()["NVIDIA_VISIBLE_DEVICES"] == layout.gpus[4].uuid
+    assert d.edits.env_dict()["NVIDIA_VISIBLE_DEVICES"] == "4"  # GPU 4 by its index
     d = decide(ctr(device_paths=["/dev/nvidia4"], env={"NVIDIA_VISIBLE_DEVICES": "4"}), layout, EXTERNAL)
     assert d.edits is not None and "NVIDIA_VISIBLE_DEVICES" not in d.edits.env_dict()
     # a CDI spec's "void" (NVIDIA's nvcdi keeps the legacy hook out so): the nodes are the allocation
     d = decide(ctr(device_paths=["/dev/nvidia4"], env={"NVIDIA_VISIBLE_DEVICES": "void"}), layout, EXTERNAL)
-    assert d.edits is not None and d.edits.env_dict()["NVIDIA_VISIBLE_DEVICES"] == layout.gpus[4].uuid
+    assert d.edits is not None and d.edits.env_dict()["NVIDIA_VISIBLE_DEVICES"] == "4"
     assert decide(ctr(device_paths=["/dev/nvidia12"]), layout, EXTERNAL).error
 
 
