@@ -46,6 +46,7 @@ from bench import nri_peer
 from containers import images, sandbox
 from containers.plugin_process import PluginProcess
 from fetch import debcache
+from gpumodel.edits import SHIM_IN_CONTAINER
 
 TARGETS = {
     "cpu_ms": 0.5,
@@ -57,7 +58,7 @@ TARGETS = {
     "sync_ms": 50.0,
     "reregister_s": 0.5,
 }
-INJECTED = "/libnvidia-ml.so.1"  # the destination of a mount the plugin adds
+INJECTED = SHIM_IN_CONTAINER  # the destination of a mount the plugin adds
 
 
 @dataclass
@@ -79,6 +80,7 @@ class Figures:
     peer_rss_mib: float = 0.0
     containerd_cpu_ms: dict[str, list[float]] = field(default_factory=dict)  # side -> per round, per container
     background_pods: int = 0  # pods with a container each, on the node throughout
+    pod_containers: int = 0  # containers each side's own pod holds throughout, made through that side
     start_ms: list[float] = field(default_factory=list)  # process spawned -> registered and synchronized
     python_ms: list[float] = field(default_factory=list)  # `python -c pass`: the interpreter's own start
     python_bare_ms: list[float] = field(default_factory=list)  # `python -S -c pass`: without site
@@ -173,6 +175,7 @@ class Settings:
     kills: int = 5
     sync_containers: int = 500
     background_pods: int = 0
+    pod_containers: int = 0
     chaos: bool = False
     chaos_creates: int = 200
     seed: int | None = None
@@ -259,6 +262,7 @@ def _one_version(version: str, settings: Settings, peer: Path | None, rng: rando
     rounds, per_round, restarts, kills = settings.rounds, settings.per_round, settings.restarts, settings.kills
     chaos, chaos_creates, previous, py_spy = settings.chaos, settings.chaos_creates, settings.previous, settings.py_spy
     sync_containers, background_pods = settings.sync_containers, settings.background_pods
+    pod_containers = settings.pod_containers
     import cdi
     from gpumodel.profile import load
     from hostsetup import node
@@ -282,7 +286,9 @@ def _one_version(version: str, settings: Settings, peer: Path | None, rng: rando
             box.import_image(images.oci_archive(rootfs, tmp / "img.tar", images.WORKLOAD_IMAGE))
             pod = box.run_pod("bench")
 
+            annotations: dict[str, dict[str, str]] = {pod: {}}  # of each pod a side creates in
             opted_out = box.run_pod("bench-opted-out", annotations={"mokka.io/inject": "false"})
+            annotations[opted_out] = {"mokka.io/inject": "false"}
             # --background-pods: a node running workloads. containerd 2.1's create slows with the pods
             # on the node (4.1 ms on an empty node, 7.7 ms beside 100 pods, here); a plugin's share does not.
             background = [box.run_pod(f"bg{i}") for i in range(background_pods)]
@@ -290,6 +296,7 @@ def _one_version(version: str, settings: Settings, peer: Path | None, rng: rando
                 box.create_container(bg, images.WORKLOAD_IMAGE, ["sleep", "1"])
             fig.background_pods = background_pods
             peer_devices = box.run_pod("bench-peer-devices", annotations={nri_peer.DEVICES_ANNOTATION: "true"})
+            annotations[peer_devices] = {nri_peer.DEVICES_ANNOTATION: "true"}
             overlay = tmp / "nvml-mock"
             if peer is not None:
                 nri_peer.stage_overlay(layout, overlay)
@@ -322,20 +329,21 @@ def _one_version(version: str, settings: Settings, peer: Path | None, rng: rando
                 time.sleep(0.5)  # its warm-up
                 return proc
 
-            # (name, how to create, plugin arguments: None for no plugin)
-            sides: list[tuple[str, Callable[[], float], tuple[str, ...] | None]] = [
-                ("no plugin", create, None),
-                ("CDI edits, no plugin", lambda: create(cdi_devices=["nvidia.com/gpu=all"]), None),
-                ("plugin", create, ()),
-                ("plugin, opted-out pod", lambda: create(opted_out), ()),
+            # (name, the pod it creates in, CRI CDI devices, plugin arguments: None for no plugin)
+            gpus = ["nvidia.com/gpu=all"]
+            sides: list[tuple[str, str, list[str], tuple[str, ...] | None]] = [
+                ("no plugin", pod, [], None),
+                ("CDI edits, no plugin", pod, gpus, None),
+                ("plugin", pod, [], ()),
+                ("plugin, opted-out pod", opted_out, [], ()),
             ]
             if version != "1.7":  # NRI >= 0.7 takes CDI device references
-                sides.append(("plugin --cdi-devices", create, ("--cdi-devices",)))
+                sides.append(("plugin --cdi-devices", pod, [], ("--cdi-devices",)))
             if previous:
-                sides.append(("previous plugin", create, ("previous",)))
+                sides.append(("previous plugin", pod, [], ("previous",)))
             if peer is not None:
-                sides.append(("Go peer", create, ("peer",)))
-                sides.append(("Go peer, device opt-in", lambda: create(peer_devices), ("peer",)))
+                sides.append(("Go peer", pod, [], ("peer",)))
+                sides.append(("Go peer, device opt-in", peer_devices, [], ("peer",)))
 
             def start_peer() -> nri_peer.Peer:
                 assert peer is not None
@@ -350,13 +358,34 @@ def _one_version(version: str, settings: Settings, peer: Path | None, rng: rando
                 running.wait_injecting(env_of_a_new_container)
                 return running
 
+            def start_side(args: tuple[str, ...] | None) -> PluginProcess | nri_peer.Peer | None:
+                if args == ("peer",):
+                    return start_peer()
+                if args == ("previous",):
+                    return start_previous()
+                return start_plugin(*args) if args is not None else None
+
             create()  # the first create of a pod pays extra: not measured
             create(opted_out)
             create(peer_devices)
+            fig.pod_containers = pod_containers
+            if pod_containers:
+                # A busy GPU pod: each side creates into a pod of its own that already holds this
+                # many containers made through the same side. containerd 2.1 decodes the spec of
+                # every container in the pod at each create, so their size is part of its cost.
+                for i, (name, of, cdi_devices, args) in enumerate(sides):
+                    busy = box.run_pod(f"busy-{i}", annotations=annotations[of])
+                    print(f"{version}: {pod_containers} containers into a pod of {name}'s", flush=True)
+                    running = start_side(args)
+                    for _ in range(pod_containers):
+                        box.create_container(busy, images.WORKLOAD_IMAGE, ["sleep", "1"], cdi_devices=cdi_devices)
+                    if running is not None:
+                        running.stop()
+                    sides[i] = (name, busy, cdi_devices, args)
             for r in range(rounds):
                 order = sides[r % len(sides) :] + sides[: r % len(sides)]
                 print(f"{version} round {r + 1}/{rounds}: {per_round} creates per side", flush=True)
-                for name, do, args in order:
+                for name, of, cdi_devices, args in order:
                     proc = None
                     go: nri_peer.Peer | None = None
                     if args == ("peer",):
@@ -370,7 +399,7 @@ def _one_version(version: str, settings: Settings, peer: Path | None, rng: rando
                         child = proc.plugin_pid()
                         cpu0, sup0 = _cpu_seconds(child), _cpu_seconds(proc.pid)
                     server0 = _cpu_seconds(box.pid)
-                    times = [do() for _ in range(per_round)]
+                    times = [create(of, cdi_devices=cdi_devices) for _ in range(per_round)]
                     server_ms = (_cpu_seconds(box.pid) - server0) / per_round * 1000
                     fig.containerd_cpu_ms.setdefault(name, []).append(server_ms)
                     fig.creates.setdefault(name, []).extend(times)
@@ -582,9 +611,10 @@ def _report(
     ms = 1000.0
     cols = [f"{f.version} ({f.server})" for f in results]
     width = max(18, *(len(c) + 2 for c in cols))
+    busy = f", each side in a pod of {settings.pod_containers} containers of its own" if settings.pod_containers else ""
     print(
         f"\n{rounds} interleaved rounds of {per_round} CRI CreateContainer per side, beside "
-        f"{max(f.background_pods for f in results)} other pods; load average "
+        f"{max(f.background_pods for f in results)} other pods{busy}; load average "
         f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (1 min)"
     )
     print(f"{'figure':<52}" + "".join(f"{c:>{width}}" for c in cols) + f"{'target':>10}  verdict")

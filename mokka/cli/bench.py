@@ -117,6 +117,14 @@ def bench_dcgm(profile_name: str, rounds: int, svg: Path | None) -> None:
     "plugin adds does not.",
 )
 @click.option(
+    "--pod-containers",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Containers each side's pod holds throughout, made through that side (a busy GPU pod): containerd "
+    "2.1 decodes the spec of every container in the pod at each create, so the size of the edits counts there.",
+)
+@click.option(
     "--chaos", is_flag=True, help="Also: random SIGKILL/SIGSTOP of the plugin during --chaos-creates creates."
 )
 @click.option(
@@ -158,6 +166,7 @@ def bench_nri(
     kills: int,
     sync_containers: int,
     background_pods: int,
+    pod_containers: int,
     chaos: bool,
     chaos_creates: int,
     seed: int | None,
@@ -174,8 +183,8 @@ def bench_nri(
     try:
         settings = bench_nri.Settings(
             rounds=rounds, per_round=creates, restarts=restarts, kills=kills, sync_containers=sync_containers,
-            background_pods=background_pods, chaos=chaos, chaos_creates=chaos_creates, seed=seed,
-            previous=previous, peer=peer, py_spy=py_spy, svg=svg,
+            background_pods=background_pods, pod_containers=pod_containers, chaos=chaos, chaos_creates=chaos_creates,
+            seed=seed, previous=previous, peer=peer, py_spy=py_spy, svg=svg,
         )  # fmt: skip
         bench_nri.run(list(dict.fromkeys(versions)), settings)
     except nri_peer.PeerError as exc:
