@@ -673,6 +673,12 @@ def _report(
     print("containerd's own CPU per container, create and remove (ms), median of rounds:")
     for side in [*sides, *peers]:
         row(f"  {side}", [_median(f.containerd_cpu_ms.get(side, [])) for f in results], "{:.2f}")
+    print("  per round, plugin / CDI edits: the same devices' edits, NRI's way against the spec's")
+    for f in results:
+        pairs = zip(
+            f.containerd_cpu_ms.get("plugin", []), f.containerd_cpu_ms.get("CDI edits, no plugin", []), strict=False
+        )
+        print(f"    {f.version}: " + " ".join(f"{a / b:.3f}" for a, b in pairs if b))
     row("plugin handling median (ms)", [_median(f.handling_median_ms) for f in results], "{:.3f}")
     row(
         "plugin handling p99 (ms), worst round",
