@@ -386,16 +386,14 @@ def _one_version(version: str, settings: Settings, peer: Path | None, rng: rando
                 order = sides[r % len(sides) :] + sides[: r % len(sides)]
                 print(f"{version} round {r + 1}/{rounds}: {per_round} creates per side", flush=True)
                 for name, of, cdi_devices, args in order:
-                    proc = None
-                    go: nri_peer.Peer | None = None
-                    if args == ("peer",):
-                        go = start_peer()
+                    running = start_side(args)
+                    go = running if isinstance(running, nri_peer.Peer) else None
+                    proc = running if isinstance(running, PluginProcess) else None
+                    if go is not None:
                         cpu0 = _cpu_seconds(go.pid)
-                    elif args == ("previous",):
-                        proc = start_previous()
+                    elif proc is not None and args == ("previous",):
                         cpu0 = _cpu_seconds(proc.pid)
-                    elif args is not None:
-                        proc = start_plugin(*args)
+                    elif proc is not None:
                         child = proc.plugin_pid()
                         cpu0, sup0 = _cpu_seconds(child), _cpu_seconds(proc.pid)
                     server0 = _cpu_seconds(box.pid)

@@ -23,6 +23,7 @@ LIBDIRS_IN_CONTAINER = {"x86_64": "/usr/lib/x86_64-linux-gnu", "aarch64": "/usr/
 SMI_IN_CONTAINER = "/usr/bin/nvidia-smi"
 SHIM_IN_CONTAINER = "/usr/lib/mokka/libmokka-sysfs.so"
 TREES_IN_CONTAINER = "/run/mokka/root"  # MOKKA_SYSFS_ROOT: the staged sys/ and proc/ trees
+TREES = ("sys", "proc")  # the node root's trees mounted there
 KERNEL_LOG_IN_CONTAINER = "/var/log/kern.log"  # the driver's Xid lines, where syslog puts kernel messages
 
 
@@ -152,7 +153,7 @@ def sysfs_view(layout: NodeLayout) -> ContainerEdits:
     if not layout.sysfs_shim:
         return ContainerEdits()
     mounts = [Mount(layout.sysfs_shim, SHIM_IN_CONTAINER)]
-    mounts += [Mount(f"{layout.root}/{tree}", f"{TREES_IN_CONTAINER}/{tree}") for tree in ("sys", "proc")]
+    mounts += [Mount(f"{layout.root}/{tree}", f"{TREES_IN_CONTAINER}/{tree}") for tree in TREES]
     if layout.ib_relay:  # writable: a container serving a MAD class (ibping -S) listens there
         mounts.append(Mount(layout.ib_relay, f"{TREES_IN_CONTAINER}/ib-relay", WRITABLE))
     env = (f"LD_PRELOAD={SHIM_IN_CONTAINER}", f"MOKKA_SYSFS_ROOT={TREES_IN_CONTAINER}")
@@ -194,7 +195,7 @@ def with_driver_procfs(layout: NodeLayout, edits: ContainerEdits, *, modules: bo
         directory, _, name = m.container_path.rpartition("/")
         if (m.host_path, directory) in first:
             extra += ["--link", f"{m.container_path}={first[m.host_path, directory]}"]
-        elif m.options == READ_ONLY and directory == TREES_IN_CONTAINER and name in ("sys", "proc"):
+        elif m.options == READ_ONLY and directory == TREES_IN_CONTAINER and name in TREES:
             extra += ["--bind", f"{m.host_path}={m.container_path}"]
         else:
             first.setdefault((m.host_path, directory), name)
