@@ -59,6 +59,7 @@ import sys, pynvml as N
 N.nvmlInit()
 h = N.nvmlDeviceGetHandleByIndex(3)
 uuid = N.nvmlDeviceGetUUID(h)
+print("held", flush=True)
 sys.stdin.readline()
 def outcome(f):
     try:
@@ -77,6 +78,8 @@ print(outcome(lambda: N.nvmlDeviceGetName(N.nvmlDeviceGetHandleByIndex(2))))
     proc = subprocess.Popen(
         [sys.executable, "-c", code], env=node.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "held\n"  # the handle is taken before the loss, not raced with it
     node.fault("lost", "--gpu", "3")
     out, _ = proc.communicate("\n", timeout=60)
     lines = out.splitlines()
