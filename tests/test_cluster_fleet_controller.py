@@ -103,7 +103,25 @@ def settled(cluster: Cluster, name: str, replicas: int, timeout: float = 120) ->
         mine = nodes(cluster, f"{POOL_LABEL}={name}")
         return got if ok and len(mine) == replicas and all(ready(n) for n in mine.values()) else None
 
-    return wait_for(f"pool {name}: {replicas} node(s) Ready", done, timeout)  # type: ignore[no-any-return]
+    try:
+        return wait_for(f"pool {name}: {replicas} node(s) Ready", done, timeout)  # type: ignore[no-any-return]
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{what_the_controller_did(cluster, name)}") from None
+
+
+def what_the_controller_did(cluster: Cluster, name: str) -> str:
+    """For a test that timed out: pool ``name``'s status, its nodes' Ready, the controller pods
+    (restarts) and the last lines each logged."""
+    got = cluster.kubectl("get", "vgp", name, "-o", "jsonpath={.status}", check=False)
+    status = got.stdout.strip() or got.stderr.strip()
+    mine = {n: ready(node) for n, node in nodes(cluster, f"{POOL_LABEL}={name}").items()}
+    lines = [f"status: {status}", f"nodes Ready: {mine}", f"Lease holder: {holder(cluster)}"]
+    for pod in controller_pods(cluster):
+        restarts = [c.get("restartCount") for c in pod["status"].get("containerStatuses") or []]
+        pod_name = pod["metadata"]["name"]
+        lines.append(f"pod {pod_name}: {pod['status'].get('phase')}, restarts {restarts}")
+        lines += [f"  {ln}" for ln in logs(cluster, pod_name).splitlines()[-25:]]
+    return "\n".join(lines)
 
 
 def gpu_labels(node: dict[str, Any]) -> dict[str, str]:
