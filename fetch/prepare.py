@@ -30,6 +30,7 @@ from fetch.kube import binaries as kube_binaries
 from fetch.kube import gobuild as kube_gobuild
 from fetch.kube import gpu_operator
 from fetch.kube import prometheus as kube_prometheus
+from fetch.kube import registry as kube_registry
 from fetch.kube import versions as kube_versions
 from fetch.progress import Progress
 from fetch.versions import GoBuild
@@ -111,7 +112,7 @@ def _containerd(version: str) -> Item:
 
 
 # What the tests take from Go; each is built by `prepare --tests`, older builds are pruned.
-GO_BUILDS = (versions.HELM, versions.GO_NVML_PROBE, versions.REGISTRY, versions.KIND)
+GO_BUILDS = (versions.HELM, versions.GO_NVML_PROBE, versions.KIND)
 
 
 ITEMS: tuple[Item, ...] = (
@@ -185,6 +186,13 @@ ITEMS: tuple[Item, ...] = (
         lambda cache: kube_gobuild.build(kube_binaries.KARPENTER, cache),
         tests=True,
         go=(kube_binaries.KARPENTER,),
+    ),
+    Item(
+        f"OCI registry (Debian {kube_versions.REGISTRY_SUITE}'s {kube_versions.REGISTRY_PACKAGE})",
+        "the FGO mock-backend test: a local registry the cluster's containerd pulls Mokka's node image from",
+        lambda cache: kube_registry.cached(cache) is not None,
+        lambda cache: kube_registry.binary(cache),
+        tests=True,
     ),
     Item(
         f"Prometheus (Debian {kube_versions.PROMETHEUS_SUITE}'s {kube_versions.PROMETHEUS_PACKAGE})",

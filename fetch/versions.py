@@ -27,7 +27,6 @@ __all__ = [
     "KIND",
     "NRI_API",
     "NVIDIA_SMI_SUITES",
-    "REGISTRY",
     "RUNC_SUITE",
     "TTRPC_API",
     "DebianPackage",
@@ -150,15 +149,4 @@ GO_NVML_PROBE = GoBuild(
     cgo=True,
     env=(("CGO_CFLAGS", "-O2 -Wno-deprecated-declarations"),),
     why="a go-nvml program (as the device plugin and GFD bind NVML) against the mock",
-)
-
-# A plain OCI registry (CNCF distribution), run beside the local cluster so that an image a chart
-# pulls with imagePullPolicy Always (FGO's nvml-mock DaemonSets) comes from somewhere real.
-REGISTRY_VERSION = "v3.1.2"
-REGISTRY = GoBuild(
-    name="registry",
-    module="github.com/distribution/distribution/v3",
-    version=REGISTRY_VERSION,
-    commands=("github.com/distribution/distribution/v3/cmd/registry",),
-    why="the FGO mock-backend test: a local registry the cluster's containerd pulls Mokka's node image from",
 )

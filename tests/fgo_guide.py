@@ -31,6 +31,7 @@ import yaml
 from cluster_fixtures import wait_for
 
 from fetch import prepare, thirdparty, versions
+from fetch.kube import registry as kube_registry
 from localcluster.addons import fgo_images
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,6 +105,14 @@ class Guide:
 
 def helm_binary() -> Path:
     return prepare.go_binary(versions.HELM)  # built by .ci/setup --tests
+
+
+def registry_binary() -> Path:
+    """Debian's docker-registry, unpacked by .ci/setup --tests."""
+    found = kube_registry.cached()
+    if found is None:
+        raise prepare.NotPrepared(f"Debian's docker-registry is not unpacked: {prepare.HOW}")
+    return found
 
 
 # ---------------------------------------------------------------------------------------- fixtures

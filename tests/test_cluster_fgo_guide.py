@@ -38,10 +38,11 @@ from fgo_guide import (
     node_labels,
     ok,
     pod_output,
+    registry_binary,
     running,
 )
 
-from fetch import debcache, nvidia_smi, prepare, versions
+from fetch import debcache, nvidia_smi
 from localcluster import nodeimage, registry
 from localcluster.addons import fgo_images
 from localcluster.cluster import Cluster
@@ -61,7 +62,7 @@ __all__ = ["core", "fgo_chart"]  # fixtures the steps use
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     helm_binary()  # fail before a cluster comes up when setup did not build them
-    prepare.go_binary(versions.REGISTRY)
+    registry_binary()
     nodes = (NodeSpec("h100", 1),) * 3
     with start_cluster(tmp_path_factory.mktemp("fgo-guide"), nodes=nodes, allocator="none", nri_plugin=False) as c:
         yield c
@@ -137,7 +138,7 @@ def test_mock_backend_served_by_mokkas_image(cluster: Cluster, guide: Guide, cor
     there (FGO's wrapper then writes toolkit-ready), writes the CDI spec and labels the node; a plain
     pod reading the driver root as the GPU Operator's validator does runs the real nvidia-smi on the
     profile's 8 GPUs. Taking the pool out deletes the DaemonSet, and its preStop undoes all of it."""
-    ref = registry.start(cluster, prepare.go_binary(versions.REGISTRY)) + "/mokka/node:1"
+    ref = registry.start(cluster, registry_binary()) + "/mokka/node:1"
     assert registry.push(cluster, nodeimage.NODE_IMAGE, "mokka/node:1") == ref
     assert registry.manifest_exists(cluster, "mokka/node:1")
     ok(

@@ -34,6 +34,10 @@ CONTAINER_TOOLKIT = "v1.17.8"
 # 1.26.9, newer than Debian's 1.26.8: built with the toolchain the Go module proxy serves.
 KARPENTER = "v1.15.0"
 KARPENTER_GOTOOLCHAIN = "go1.27.3"
+# A plain OCI registry (CNCF distribution's, Debian's package), run beside the local cluster so that an
+# image a chart pulls with imagePullPolicy Always (FGO's nvml-mock DaemonSets) comes from somewhere real.
+REGISTRY_SUITE = "bookworm"
+REGISTRY_PACKAGE = "docker-registry"
 # Prometheus for the tests' image of the chart's integrations.prometheus (Debian's package).
 PROMETHEUS_SUITE = "bookworm"
 PROMETHEUS_PACKAGE = "prometheus"
