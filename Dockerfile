@@ -10,14 +10,17 @@
 # the node's driver root) and the NRI plugin (the node's root-owned NRI socket) as root.
 ARG DEBIAN_IMAGE=debian:bookworm-slim
 
-FROM ${DEBIAN_IMAGE} AS build
+# The build stages' tools, installed once for both: compilers for the native libraries and for cgo
+# (GFD), Python to build the package and run fetch/, gpgv and the archive keyring that verify .debs.
+FROM ${DEBIAN_IMAGE} AS toolchain
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# Compilers for the native libraries; gpgv and the archive keyring verify the nvidia-smi .deb.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         build-essential python3 python3-dev python3-venv ca-certificates debian-archive-keyring gpgv \
     && rm -rf /var/lib/apt/lists/*
+
+FROM toolchain AS build
 WORKDIR /src
 # The dependencies and the build requirements first, read from pyproject.toml alone: a layer that a
 # change to the sources (or the README) reuses, so only the project itself is built again below.
@@ -70,13 +73,7 @@ RUN mkdir -p /out/usr/local/lib/mokka \
 # pool) and KWOK with its module's stages (the chart's KWOK keeps virtual nodes Ready). A stage of
 # its own, so its layer is reused until fetch/ changes; empty FLEET builds an image without them.
 # Behind a TLS-intercepting proxy Go trusts the CA bundle pip is configured with (pip.conf's cert).
-FROM ${DEBIAN_IMAGE} AS fleet
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends \
-        build-essential python3 ca-certificates debian-archive-keyring gpgv \
-    && rm -rf /var/lib/apt/lists/*
+FROM toolchain AS fleet
 WORKDIR /src
 COPY fetch/ fetch/
 ARG FLEET=yes

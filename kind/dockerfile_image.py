@@ -289,15 +289,32 @@ def _pip_ca_bundle() -> Path | None:
     return None
 
 
-def _build_home(base: Path, bundle: Path) -> Path:
+def _host_builds(cache: Path | None) -> list[Path]:
+    """The host's builds of the Go programs the Dockerfile's fleet stage builds (NVIDIA's GFD, KWOK):
+    the same :mod:`fetch.kube.gobuild` recipes, under the same keys, when ``.ci/setup --tests`` made them."""
+    from fetch.kube import binaries, gobuild
+
+    found = (gobuild.cached(spec, cache) for spec in (binaries.DEVICE_PLUGIN, binaries.KWOK))
+    return [d for d in found if d is not None]
+
+
+def _build_home(base: Path, bundle: Path | None, builds: Sequence[Path]) -> Path:
     """A home for root's RUN steps, mounted over the image's /root (a directory every stage has:
     a mount target that does not exist would stay in the layer): pip's user configuration naming
-    the host's CA bundle, copied beside it. What the steps write there is thrown away."""
+    the host's CA bundle, copied beside it; and ``builds`` (the host's Go builds) in the Mokka cache
+    there (``~/.cache/mokka/kube/bin/<key>``), which the fleet stage's ``gobuild.build`` then finds
+    rather than compiling them again, as a cache mount would give them. What the steps write there
+    is thrown away."""
+    from fetch.kube import gobuild
+
     home = base / "build-home"
-    (home / ".config" / "pip").mkdir(parents=True, mode=0o700)
-    home.chmod(0o700)
-    shutil.copyfile(bundle, home / ".config" / "pip" / "ca-bundle.crt")
-    (home / ".config" / "pip" / "pip.conf").write_text("[global]\ncert = /root/.config/pip/ca-bundle.crt\n")
+    home.mkdir(mode=0o700)
+    if bundle is not None:
+        (home / ".config" / "pip").mkdir(parents=True, mode=0o700)
+        shutil.copyfile(bundle, home / ".config" / "pip" / "ca-bundle.crt")
+        (home / ".config" / "pip" / "pip.conf").write_text("[global]\ncert = /root/.config/pip/ca-bundle.crt\n")
+    for build in builds:
+        shutil.copytree(build, gobuild.bin_root(home / ".cache" / "mokka") / build.name, symlinks=True)
     return home
 
 
@@ -487,9 +504,12 @@ def _prune(podman: Podman) -> int:
     return removed
 
 
-def _podman_build(podman: Podman, name: str, nvidia_smi: str, work: Path, note: Callable[[str], None]) -> None:
+def _podman_build(
+    podman: Podman, name: str, nvidia_smi: str, work: Path, note: Callable[[str], None], *, compile_fleet: bool = False
+) -> None:
     """``podman build`` of the Dockerfile as ``name``; its earlier stages are tagged too, so that
-    pruning the store keeps their layers for the next build."""
+    pruning the store keeps their layers for the next build. ``compile_fleet``: the fleet stage
+    compiles GFD and KWOK itself even where the host has built them."""
     common: list[str | Path] = [
         "build", "--pull=never", "--layers", "--format=docker", "--network=host",
         f"--cgroup-parent={podman.parent}", "--build-arg", f"NVIDIA_SMI={nvidia_smi}",
@@ -497,9 +517,13 @@ def _podman_build(podman: Podman, name: str, nvidia_smi: str, work: Path, note: 
     ]  # fmt: skip
     for limit in ULIMITS:
         common += ["--ulimit", limit]
-    if bundle := _pip_ca_bundle():
-        common += ["--volume", f"{_build_home(podman.base, bundle)}:/root"]
+    bundle, go_builds = _pip_ca_bundle(), [] if compile_fleet else _host_builds(podman.cache)
+    if bundle or go_builds:
+        common += ["--volume", f"{_build_home(podman.base, bundle, go_builds)}:/root"]
+    if bundle:
         note(f"pip trusts {bundle}")
+    if go_builds:
+        note(f"the fleet stage finds the host's {', '.join(b.name for b in go_builds)} (same recipes, same keys)")
     if left := _remove_containers(podman):
         note(f"{left} containers of an interrupted build removed")
     version = name.rsplit(":", 1)[1]
@@ -538,9 +562,11 @@ def build(
     base_out: Path | None = None,
     cache: Path | None = None,
     progress: Progress | None = None,
+    compile_fleet: bool = False,
 ) -> Path:
     """Build the Dockerfile's image on the local base and save it as a docker archive at ``out``
-    (with ``base_out``, the base image too: kind's nodes cannot pull it either)."""
+    (with ``base_out``, the base image too: kind's nodes cannot pull it either). The fleet stage
+    takes the host's builds of GFD and KWOK where there are some (``compile_fleet``: never)."""
     cache = cache or debcache.default_cache()
     progress = progress or Progress(4, prefix="dockerfile-image ")
     name = full_name(tag)
@@ -558,7 +584,7 @@ def build(
             with progress.step(
                 f"podman build {REPO / 'Dockerfile'} -> {name} (nvidia-smi {nvidia_smi or 'none'})"
             ) as note:
-                _podman_build(podman, name, nvidia_smi, work, note)
+                _podman_build(podman, name, nvidia_smi, work, note, compile_fleet=compile_fleet)
             with progress.step(f"docker archive {out}") as note:
                 _save(podman, name, out)
                 note(f"{out.stat().st_size / 1e6:.0f} MB")
@@ -592,9 +618,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--cache", type=Path, default=None, metavar="DIR", help="the cache (default: $MOKKA_CACHE or ~/.cache/mokka)"
     )
+    ap.add_argument(
+        "--compile-fleet",
+        action="store_true",
+        help="compile NVIDIA's GFD and KWOK in the Dockerfile's fleet stage even where the cache holds the host's "
+        "builds of the same recipes (by default the stage finds those in its build-time home, as a cache mount)",
+    )
     args = ap.parse_args(argv)
     try:
-        out = build(args.out, tag=args.tag, nvidia_smi=args.nvidia_smi, base_out=args.base_out, cache=args.cache)
+        out = build(
+            args.out,
+            tag=args.tag,
+            nvidia_smi=args.nvidia_smi,
+            base_out=args.base_out,
+            cache=args.cache,
+            compile_fleet=args.compile_fleet,
+        )
     except (ImageError, SandboxError, debcache.FetchError) as exc:
         print(f"dockerfile_image: error: {exc}", file=sys.stderr)
         return 1

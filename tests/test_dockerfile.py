@@ -147,7 +147,10 @@ def test_base_and_user() -> None:
     froms = [rest for word, rest in instructions() if word == "FROM"]
     args = {r.partition("=")[0]: r.partition("=")[2] for w, r in instructions() if w == "ARG"}
     assert args["DEBIAN_IMAGE"].startswith("debian:") and args["DEBIAN_IMAGE"].endswith("-slim")
-    assert all(f.split()[0] == "${DEBIAN_IMAGE}" for f in froms)
+    stages: list[str] = []  # each stage is the Debian slim base or a stage above it
+    for f in froms:
+        assert f.split()[0] in ("${DEBIAN_IMAGE}", *stages), f
+        stages += [f.split()[-1]] if " AS " in f.upper() else []
     users = [rest for word, rest in instructions() if word == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root"), "the image runs as a non-root user by default"
     assert "useradd" in DOCKERFILE.read_text()

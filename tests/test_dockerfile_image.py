@@ -132,6 +132,20 @@ def test_the_fleets_programs_where_the_chart_expects_them(probe: dict[str, str])
     assert probe["stages"].split() == sorted(Path(s).name for s in binaries.KWOK_STAGES), probe
 
 
+def test_the_fleet_stage_finds_the_hosts_builds_of_the_same_recipes(tmp_path: Path) -> None:
+    """The build-time home holds the host's GFD and KWOK builds where the fleet stage's
+    ``gobuild.build`` looks (the same recipes and keys), so a cold build compiles neither again."""
+    from fetch.kube import gobuild
+
+    host = di._host_builds(None)
+    assert [b.name for b in host] == [s.key() for s in (binaries.DEVICE_PLUGIN, binaries.KWOK)]
+    home = di._build_home(tmp_path, None, host)
+    stage_cache = home / ".cache" / "mokka"  # ~/.cache/mokka of root's RUN steps, the home mounted over /root
+    for spec, build in zip((binaries.DEVICE_PLUGIN, binaries.KWOK), host, strict=True):
+        assert gobuild.cached(spec, stage_cache) == gobuild.bin_root(stage_cache) / build.name
+    assert not (home / ".config").exists()  # no CA bundle given: no pip configuration
+
+
 def test_the_dra_plugins_kubelet_api_is_compiled_in(probe: dict[str, str]) -> None:
     """`mokka dra-plugin` (the chart's dra.enabled) speaks the kubelet's plugin APIs: their bindings are
     compiled at build time, since a pod has neither the network nor a writable package to do it."""
