@@ -26,11 +26,10 @@ from pathlib import Path
 
 from fetch import busybox, cdi_schema, containerd_dist, debcache, gobuilds, gotool, kubelet_api, nvidia_smi, versions
 from fetch import cri_bindings as bindings
+from fetch.debprogram import DebianProgram
 from fetch.kube import binaries as kube_binaries
 from fetch.kube import gobuild as kube_gobuild
 from fetch.kube import gpu_operator
-from fetch.kube import prometheus as kube_prometheus
-from fetch.kube import registry as kube_registry
 from fetch.kube import versions as kube_versions
 from fetch.progress import Progress
 from fetch.versions import GoBuild
@@ -71,6 +70,10 @@ def _debs(why: str, *packages: versions.DebianPackage) -> Item:
 
     names = ", ".join(f"{p.package} ({p.suite})" for p in packages)
     return Item(f"Debian {names}", why, done, make, True)
+
+
+def _program(what: str, program: DebianProgram, why: str) -> Item:
+    return Item(f"{what} ({program})", why, lambda c: program.cached(c) is not None, program.binary, tests=True)
 
 
 def _bindings_done(cache: Path) -> bool:
@@ -187,20 +190,12 @@ ITEMS: tuple[Item, ...] = (
         tests=True,
         go=(kube_binaries.KARPENTER,),
     ),
-    Item(
-        f"OCI registry (Debian {kube_versions.REGISTRY_SUITE}'s {kube_versions.REGISTRY_PACKAGE})",
+    _program(
+        "OCI registry",
+        kube_versions.REGISTRY,
         "the FGO mock-backend test: a local registry the cluster's containerd pulls Mokka's node image from",
-        lambda cache: kube_registry.cached(cache) is not None,
-        lambda cache: kube_registry.binary(cache),
-        tests=True,
     ),
-    Item(
-        f"Prometheus (Debian {kube_versions.PROMETHEUS_SUITE}'s {kube_versions.PROMETHEUS_PACKAGE})",
-        "the tests' image of the chart's integrations.prometheus",
-        lambda cache: kube_prometheus.cached(cache) is not None,
-        lambda cache: kube_prometheus.binary(cache),
-        tests=True,
-    ),
+    _program("Prometheus", kube_versions.PROMETHEUS, "the tests' image of the chart's integrations.prometheus"),
     Item(
         f"NVIDIA's GPU Operator {kube_versions.GPU_OPERATOR_RELEASE} (operator, validator, chart), NFD's image "
         f"build, NVIDIA's device plugin and GFD {kube_versions.GPU_OPERATOR_DEVICE_PLUGIN} and container toolkit "

@@ -1,5 +1,5 @@
 """A plain-HTTP OCI registry (CNCF distribution's, Debian's ``docker-registry``:
-:mod:`fetch.kube.registry`) on the cluster's loopback, for images a chart pulls with
+:data:`fetch.kube.versions.REGISTRY`) on the cluster's loopback, for images a chart pulls with
 ``imagePullPolicy: Always``: every node's containerd is told to pull from it over http
 (:func:`.config.write_registry_hosts`), and an image already in a node's containerd is pushed to it
 with ``ctr push`` (run in the cluster's network namespace, where the registry listens).

@@ -286,9 +286,9 @@ def import_prometheus(cluster: Cluster, tmp: Path) -> dict[str, str]:
     import shutil
 
     from containers import images as oci
-    from fetch.kube import prometheus
+    from fetch.kube import versions as kube_versions
 
-    binary = prometheus.binary()  # fetched by .ci/setup --tests
+    binary = kube_versions.PROMETHEUS.binary()  # fetched by .ci/setup --tests
     root = oci.make_rootfs(tmp / "prometheus-root", programs=[binary])
     shutil.copy2(binary, root / "usr/bin/prometheus")
     for sub in ("prometheus", "etc/prometheus"):

@@ -31,7 +31,7 @@ import yaml
 from cluster_fixtures import wait_for
 
 from fetch import prepare, thirdparty, versions
-from fetch.kube import registry as kube_registry
+from fetch.kube import versions as kube_versions
 from localcluster.addons import fgo_images
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,7 +109,7 @@ def helm_binary() -> Path:
 
 def registry_binary() -> Path:
     """Debian's docker-registry, unpacked by .ci/setup --tests."""
-    found = kube_registry.cached()
+    found = kube_versions.REGISTRY.cached()
     if found is None:
         raise prepare.NotPrepared(f"Debian's docker-registry is not unpacked: {prepare.HOW}")
     return found

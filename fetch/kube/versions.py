@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from fetch.debprogram import DebianProgram
+
 KUBERNETES = "v1.34.4"
 # k8s.io/kubernetes' staging modules are published as v0.<minor>.<patch>.
 KUBERNETES_STAGING = "v0." + KUBERNETES.removeprefix("v1.")
@@ -36,8 +40,6 @@ KARPENTER = "v1.15.0"
 KARPENTER_GOTOOLCHAIN = "go1.27.3"
 # A plain OCI registry (CNCF distribution's, Debian's package), run beside the local cluster so that an
 # image a chart pulls with imagePullPolicy Always (FGO's nvml-mock DaemonSets) comes from somewhere real.
-REGISTRY_SUITE = "bookworm"
-REGISTRY_PACKAGE = "docker-registry"
+REGISTRY = DebianProgram("bookworm", "docker-registry", Path("usr/bin/docker-registry"))
 # Prometheus for the tests' image of the chart's integrations.prometheus (Debian's package).
-PROMETHEUS_SUITE = "bookworm"
-PROMETHEUS_PACKAGE = "prometheus"
+PROMETHEUS = DebianProgram("bookworm", "prometheus", Path("usr/bin/prometheus"))
