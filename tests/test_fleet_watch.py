@@ -184,6 +184,7 @@ def test_the_node_cache_keeps_what_the_controller_reads() -> None:
         "metadata": {
             "name": "virtual-p-0",
             "uid": "u-1",
+            "resourceVersion": "9",
             "labels": full["metadata"]["labels"],
             "annotations": {"mokka.io/pool-digest": "abc", "kwok.x-k8s.io/node": "fake"},
         },
@@ -198,3 +199,29 @@ def test_the_node_cache_keeps_what_the_controller_reads() -> None:
     assert cache.apply("BOOKMARK", full) == set()
     cache.unsync()
     assert not cache.synced.is_set()
+
+
+def test_the_controllers_own_writes_never_hide_what_the_watch_told_since() -> None:
+    """A create's answer is kept only where the watch has not brought the node yet; a patch's only
+    where the node is still the version the patch was made from. (KWOK readied a node between its
+    create and the answer being kept: the answer hid the Ready event, the pool stayed at 2 of 3.)"""
+    cache = nodecache.NodeCache()
+    cache.replace([])
+
+    def version(name: str) -> str:
+        return cache.nodes("p")[name]["metadata"]["resourceVersion"]  # type: ignore[no-any-return]
+
+    cache.wrote(node("a", "5"))  # made, before its watch event
+    assert version("a") == "5"
+    cache.apply("ADDED", node("b", "6"))  # the watch was quicker: made, then readied by KWOK
+    cache.apply("MODIFIED", node("b", "7"))
+    cache.wrote(node("b", "6"))  # the create's answer, late
+    assert version("b") == "7"
+    read = cache.nodes("p")["a"]
+    cache.wrote(node("a", "8"), read=read)  # a patch of the version read: kept
+    assert version("a") == "8"
+    cache.apply("MODIFIED", node("a", "10"))  # a newer event came before the next patch's answer
+    cache.wrote(node("a", "9"), read=read)
+    assert version("a") == "10"
+    cache.wrote(node("c", "11"), read=node("c", "3"))  # patched a node the cache does not hold: the watch brings it
+    assert set(cache.nodes("p")) == {"a", "b"}

@@ -283,7 +283,7 @@ class Controller:
             if exc.status != 409:  # made meanwhile (the watch's event came first): the next pass checks it
                 raise
             return
-        self._cache.apply("ADDED", made)  # seen at once by this pass's status (its watch event follows)
+        self._cache.wrote(made)  # seen at once by this pass's status (its watch event follows)
         if dra:
             self._slice(pool, i, made["metadata"]["uid"])
 
@@ -321,7 +321,7 @@ class Controller:
             core.patch_node_status(name, {"status": status}, _preload_content=False)
         if dra:
             self._slice(pool, i, node["metadata"]["uid"], name)
-        self._cache.apply("MODIFIED", json.loads(core.patch_node(name, patch, _preload_content=False).data))
+        self._cache.wrote(json.loads(core.patch_node(name, patch, _preload_content=False).data), read=node)
 
     def _slice(self, pool: pools.Pool, i: int, owner_uid: str, name: str | None = None) -> None:
         """Node ``i``'s (or ``name``'s) ResourceSlices: its GPUs' and, where the profile has

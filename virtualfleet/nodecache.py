@@ -3,9 +3,13 @@ events (an informer's store), so that a reconcile reads its pool's nodes from me
 listing every one of them from the API server (at 10,000 nodes, a list of about 100 MB of JSON per
 pass, twice).
 
-Only what the controller reads of a node is kept (:func:`slim`): its name, uid, labels, Mokka's and
-KWOK's annotations, its conditions without their times, and its allocatable GPUs; label keys and
-values, which the nodes of a pool share, are interned.
+Only what the controller reads of a node is kept (:func:`slim`): its name, uid, resource version,
+labels, Mokka's and KWOK's annotations, its conditions without their times, and its allocatable GPUs;
+label keys and values, which the nodes of a pool share, are interned.
+
+The controller's own writes are kept at once (:meth:`NodeCache.wrote`), so that the pass that made
+them counts them, but never over what the watch has told since: the watch's events come in order and
+bring each write too, while an answer kept after a newer event would hide that event for good.
 """
 
 from __future__ import annotations
@@ -44,11 +48,16 @@ def slim(node: Json) -> Json:
         "metadata": {
             "name": meta.get("name"),
             "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
             "labels": _interned(meta.get("labels") or {}),
             "annotations": annotations,
         },
         "status": {"conditions": conditions, "allocatable": {"nvidia.com/gpu": gpus} if gpus is not None else {}},
     }
+
+
+def _version(node: Json) -> str | None:
+    return (node.get("metadata") or {}).get("resourceVersion")
 
 
 def _pool_of(node: Json) -> str | None:
@@ -76,8 +85,8 @@ class NodeCache:
             return before | set(self._by_pool)
 
     def apply(self, kind: str, node: Json) -> set[str]:
-        """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``) or one of the controller's own
-        writes; the pools it touched (a node whose pool label changed touches both)."""
+        """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``) or the controller's own delete
+        (its watch event follows); the pools it touched (a node whose pool label changed touches both)."""
         name = (node.get("metadata") or {}).get("name")
         if not name or kind not in ("ADDED", "MODIFIED", "DELETED"):
             return set()
@@ -86,6 +95,25 @@ class NodeCache:
             if kind != "DELETED" and (pool := self._put(node)):
                 touched.add(pool)
             return touched
+
+    def wrote(self, node: Json, read: Json | None = None) -> None:
+        """The controller's own write of ``node`` (the answer to a create, or to a patch of the
+        version ``read``), kept unless the watch has told of the node since: a create's answer only
+        where the node is not here yet, a patch's only where the node here is still the version it
+        was made from. (KWOK readying a node between its create and the create's answer being kept
+        left the node NotReady here while it was Ready.)"""
+        name = (node.get("metadata") or {}).get("name")
+        if not name:
+            return
+        with self._lock:
+            pool = self._pool_of.get(name)
+            here = self._by_pool.get(pool, {}).get(name) if pool is not None else None
+            if read is None and here is not None:
+                return
+            if read is not None and (here is None or _version(here) != _version(read)):
+                return
+            self._drop(name)
+            self._put(node)
 
     def nodes(self, pool: str) -> dict[str, Json]:
         """Pool ``pool``'s nodes by name (a copy of the mapping; the nodes are not to be changed)."""
