@@ -144,6 +144,9 @@ def test_the_fleet_stage_finds_the_hosts_builds_of_the_same_recipes(tmp_path: Pa
     for spec, build in zip((binaries.DEVICE_PLUGIN, binaries.KWOK), host, strict=True):
         assert gobuild.cached(spec, stage_cache) == gobuild.bin_root(stage_cache) / build.name
     assert not (home / ".config").exists()  # no CA bundle given: no pip configuration
+    trixie = tmp_path / "os-release"
+    trixie.write_text("ID=debian\nVERSION_CODENAME=trixie\n")
+    assert di._host_builds(None, trixie) == []  # another release's glibc: the stage compiles them
 
 
 def test_the_dra_plugins_kubelet_api_is_compiled_in(probe: dict[str, str]) -> None:
