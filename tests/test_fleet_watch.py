@@ -225,3 +225,24 @@ def test_the_controllers_own_writes_never_hide_what_the_watch_told_since() -> No
     assert version("a") == "10"
     cache.wrote(node("c", "11"), read=node("c", "3"))  # patched a node the cache does not hold: the watch brings it
     assert set(cache.nodes("p")) == {"a", "b"}
+
+
+def test_a_heartbeat_reconciles_nothing() -> None:
+    """KWOK's heartbeats change only the conditions' times (not kept): the event touches no pool, and
+    the node's version is still kept (a patch made from it is then kept too)."""
+
+    def ready(version: str, beat: str, status: str = "True") -> dict[str, Any]:
+        got = node("a", version)
+        got["status"] = {"conditions": [{"type": "Ready", "status": status, "lastHeartbeatTime": beat}]}
+        return got
+
+    cache = nodecache.NodeCache()
+    assert cache.replace([ready("1", "t0")]) == {"p"}
+    assert cache.apply("MODIFIED", ready("2", "t1")) == set()
+    assert cache.nodes("p")["a"]["metadata"]["resourceVersion"] == "2"
+    assert cache.apply("MODIFIED", ready("3", "t2", status="False")) == {"p"}  # NotReady: the pool is told
+    assert cache.apply("MODIFIED", {**ready("4", "t3", "False"), "metadata": node("a", "4", "q")["metadata"]}) == {
+        "p",
+        "q",
+    }  # moved to another pool
+    assert cache.apply("DELETED", node("a", "5", "q")) == {"q"}

@@ -5,7 +5,8 @@ pass, twice).
 
 Only what the controller reads of a node is kept (:func:`slim`): its name, uid, resource version,
 labels, Mokka's and KWOK's annotations, its conditions without their times, and its allocatable GPUs;
-label keys and values, which the nodes of a pool share, are interned.
+label keys and values, which the nodes of a pool share, are interned. An event that changes none of
+that (KWOK's heartbeats, which change only times) touches no pool: nothing is reconciled for it.
 
 The controller's own writes are kept at once (:meth:`NodeCache.wrote`), so that the pass that made
 them counts them, but never over what the watch has told since: the watch's events come in order and
@@ -60,6 +61,17 @@ def _version(node: Json) -> str | None:
     return (node.get("metadata") or {}).get("resourceVersion")
 
 
+def _same(here: Json | None, node: Json) -> bool:
+    """Whether slim ``node`` shows what ``here`` shows (its version aside): KWOK's heartbeats change
+    only times the cache does not keep, and reconcile nothing."""
+    if here is None:
+        return False
+    meta, other = dict(here["metadata"]), dict(node["metadata"])
+    meta.pop("resourceVersion", None)
+    other.pop("resourceVersion", None)
+    return meta == other and here["status"] == node["status"]
+
+
 def _pool_of(node: Json) -> str | None:
     return ((node.get("metadata") or {}).get("labels") or {}).get(pools.POOL_LABEL) or None
 
@@ -91,6 +103,9 @@ class NodeCache:
         if not name or kind not in ("ADDED", "MODIFIED", "DELETED"):
             return set()
         with self._lock:
+            if kind != "DELETED" and _same(self._here(name), kept := slim(node)):
+                self._by_pool[self._pool_of[name]][name] = kept  # its version only: nothing to reconcile
+                return set()
             touched = {p} if (p := self._drop(name)) else set()
             if kind != "DELETED" and (pool := self._put(node)):
                 touched.add(pool)
@@ -106,8 +121,7 @@ class NodeCache:
         if not name:
             return
         with self._lock:
-            pool = self._pool_of.get(name)
-            here = self._by_pool.get(pool, {}).get(name) if pool is not None else None
+            here = self._here(name)
             if read is None and here is not None:
                 return
             if read is not None and (here is None or _version(here) != _version(read)):
@@ -127,6 +141,10 @@ class NodeCache:
     def size(self) -> int:
         """Nodes kept (no ``__len__``: an empty cache must not read as no cache)."""
         return len(self._pool_of)
+
+    def _here(self, name: str) -> Json | None:
+        pool = self._pool_of.get(name)
+        return self._by_pool.get(pool, {}).get(name) if pool is not None else None
 
     def _put(self, node: Json) -> str | None:
         pool = _pool_of(node)
