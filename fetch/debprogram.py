@@ -1,6 +1,6 @@
-"""One program of a Debian package (a binary linked to glibc only), fetched and unpacked once into
-the cache with the rest of the package dropped: Prometheus and the OCI registry the local cluster's
-tests run (:mod:`fetch.kube.versions`)."""
+"""One program (or file) of a Debian package, fetched and unpacked once into the cache: Prometheus and
+the OCI registry the local cluster's tests run (:mod:`fetch.kube.versions`, the rest of the package
+dropped), and what :mod:`fetch.prepare` checks is unpacked already."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ class DebianProgram:
         return debcache.unpacked(deb, self.member, cache, keep=[self.member])
 
     def cached(self, cache: Path | None = None) -> Path | None:
-        """The program when it was unpacked already, else None (nothing fetched)."""
-        root = (cache or debcache.default_cache()) / "extract"
-        found = sorted(root.glob(f"{self.package}_*/{self.member}"))
-        return found[-1] if found else None
+        """The program when the newest ``.deb`` fetched was unpacked already, else None (nothing fetched)."""
+        deb = debcache.cached(self.suite, self.package, cache)
+        path = (cache or debcache.default_cache()) / "extract" / deb.stem / self.member if deb else None
+        return path if path is not None and path.exists() else None
 
     def __str__(self) -> str:
         return f"Debian {self.suite}'s {self.package}"

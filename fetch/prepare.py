@@ -34,7 +34,7 @@ from fetch.kube import versions as kube_versions
 from fetch.progress import Progress
 from fetch.versions import GoBuild
 
-__all__ = ["ITEMS", "NotPrepared", "go_binary", "main", "prepare"]
+__all__ = ["ITEMS", "NotPrepared", "debian_program", "go_binary", "main", "prepare"]
 
 HOW = "run `.ci/setup --tests` (or `.venv/bin/python -m fetch.prepare --tests`)"
 
@@ -54,11 +54,8 @@ class Item:
 
 
 def _unpacked(suite: str, package: str, member: str | Path) -> Callable[[Path], bool]:
-    def done(cache: Path) -> bool:
-        deb = debcache.cached(suite, package, cache)
-        return deb is not None and (cache / "extract" / deb.stem / member).exists()
-
-    return done
+    program = DebianProgram(suite, package, Path(member))
+    return lambda cache: program.cached(cache) is not None
 
 
 def _debs(why: str, *packages: versions.DebianPackage) -> Item:
@@ -73,7 +70,8 @@ def _debs(why: str, *packages: versions.DebianPackage) -> Item:
 
 
 def _program(what: str, program: DebianProgram, why: str) -> Item:
-    return Item(f"{what} ({program})", why, lambda c: program.cached(c) is not None, program.binary, tests=True)
+    done = _unpacked(program.suite, program.package, program.member)
+    return Item(f"{what} ({program})", why, done, program.binary, tests=True)
 
 
 def _bindings_done(cache: Path) -> bool:
@@ -215,6 +213,14 @@ def go_binary(spec: GoBuild, binary: str | None = None, cache: Path | None = Non
     if found is None:
         raise NotPrepared(f"{spec.name} {spec.version} is not built: {HOW}")
     return found / (binary or spec.binaries[0])
+
+
+def debian_program(program: DebianProgram, cache: Path | None = None) -> Path:
+    """The path of ``program``, unpacked by ``prepare --tests``; never fetches."""
+    found = program.cached(cache)
+    if found is None:
+        raise NotPrepared(f"{program} is not unpacked: {HOW}")
+    return found
 
 
 def _size(path: Path) -> int:

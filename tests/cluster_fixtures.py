@@ -286,9 +286,10 @@ def import_prometheus(cluster: Cluster, tmp: Path) -> dict[str, str]:
     import shutil
 
     from containers import images as oci
+    from fetch import prepare
     from fetch.kube import versions as kube_versions
 
-    binary = kube_versions.PROMETHEUS.binary()  # fetched by .ci/setup --tests
+    binary = prepare.debian_program(kube_versions.PROMETHEUS)  # unpacked by .ci/setup --tests
     root = oci.make_rootfs(tmp / "prometheus-root", programs=[binary])
     shutil.copy2(binary, root / "usr/bin/prometheus")
     for sub in ("prometheus", "etc/prometheus"):

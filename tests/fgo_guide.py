@@ -108,11 +108,7 @@ def helm_binary() -> Path:
 
 
 def registry_binary() -> Path:
-    """Debian's docker-registry, unpacked by .ci/setup --tests."""
-    found = kube_versions.REGISTRY.cached()
-    if found is None:
-        raise prepare.NotPrepared(f"Debian's docker-registry is not unpacked: {prepare.HOW}")
-    return found
+    return prepare.debian_program(kube_versions.REGISTRY)  # unpacked by .ci/setup --tests
 
 
 # ---------------------------------------------------------------------------------------- fixtures
