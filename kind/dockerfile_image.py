@@ -40,6 +40,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -289,17 +290,17 @@ def _pip_ca_bundle() -> Path | None:
     return None
 
 
-def _host_builds(cache: Path | None, os_release: Path = Path("/etc/os-release")) -> list[Path]:
+def _host_builds(cache: Path | None) -> list[Path]:
     """The host's builds of the Go programs the Dockerfile's fleet stage builds (NVIDIA's GFD, KWOK):
     the same :mod:`fetch.kube.gobuild` recipes, under the same keys, when ``.ci/setup --tests`` made them
     — on a host of the image's own Debian release only (GFD links the host's glibc)."""
     from fetch.kube import binaries, gobuild
 
     try:
-        release = dict(ln.split("=", 1) for ln in os_release.read_text().splitlines() if "=" in ln)
+        release = platform.freedesktop_os_release()
     except OSError:
         return []
-    if release.get("ID") != "debian" or release.get("VERSION_CODENAME", "").strip('"') != SUITE:
+    if release.get("ID") != "debian" or release.get("VERSION_CODENAME") != SUITE:
         return []
     found = (gobuild.cached(spec, cache) for spec in (binaries.DEVICE_PLUGIN, binaries.KWOK))
     return [d for d in found if d is not None]

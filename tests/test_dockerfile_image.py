@@ -132,7 +132,9 @@ def test_the_fleets_programs_where_the_chart_expects_them(probe: dict[str, str])
     assert probe["stages"].split() == sorted(Path(s).name for s in binaries.KWOK_STAGES), probe
 
 
-def test_the_fleet_stage_finds_the_hosts_builds_of_the_same_recipes(tmp_path: Path) -> None:
+def test_the_fleet_stage_finds_the_hosts_builds_of_the_same_recipes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The build-time home holds the host's GFD and KWOK builds where the fleet stage's
     ``gobuild.build`` looks (the same recipes and keys), so a cold build compiles neither again."""
     from fetch.kube import gobuild
@@ -144,9 +146,9 @@ def test_the_fleet_stage_finds_the_hosts_builds_of_the_same_recipes(tmp_path: Pa
     for spec, build in zip((binaries.DEVICE_PLUGIN, binaries.KWOK), host, strict=True):
         assert gobuild.cached(spec, stage_cache) == gobuild.bin_root(stage_cache) / build.name
     assert not (home / ".config").exists()  # no CA bundle given: no pip configuration
-    trixie = tmp_path / "os-release"
-    trixie.write_text("ID=debian\nVERSION_CODENAME=trixie\n")
-    assert di._host_builds(None, trixie) == []  # another release's glibc: the stage compiles them
+    trixie = {"ID": "debian", "VERSION_CODENAME": "trixie"}
+    monkeypatch.setattr(di.platform, "freedesktop_os_release", lambda: trixie)
+    assert di._host_builds(None) == []  # another release's glibc: the stage compiles them
 
 
 def test_the_dra_plugins_kubelet_api_is_compiled_in(probe: dict[str, str]) -> None:
