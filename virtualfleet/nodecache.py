@@ -64,12 +64,9 @@ def _version(node: Json) -> str | None:
 def _same(here: Json | None, node: Json) -> bool:
     """Whether slim ``node`` shows what ``here`` shows (its version aside): KWOK's heartbeats change
     only times the cache does not keep, and reconcile nothing."""
-    if here is None:
+    if here is None or here["status"] != node["status"]:
         return False
-    meta, other = dict(here["metadata"]), dict(node["metadata"])
-    meta.pop("resourceVersion", None)
-    other.pop("resourceVersion", None)
-    return meta == other and here["status"] == node["status"]
+    return {**here["metadata"], "resourceVersion": None} == {**node["metadata"], "resourceVersion": None}
 
 
 def _pool_of(node: Json) -> str | None:
@@ -92,7 +89,7 @@ class NodeCache:
             before = set(self._by_pool)
             self._by_pool, self._pool_of = {}, {}
             for node in items:
-                self._put(node)
+                self._put(slim(node))
             self.synced.set()
             return before | set(self._by_pool)
 
@@ -102,12 +99,13 @@ class NodeCache:
         name = (node.get("metadata") or {}).get("name")
         if not name or kind not in ("ADDED", "MODIFIED", "DELETED"):
             return set()
+        kept = slim(node) if kind != "DELETED" else None
         with self._lock:
-            if kind != "DELETED" and _same(self._here(name), kept := slim(node)):
+            if kept is not None and _same(self._here(name), kept):
                 self._by_pool[self._pool_of[name]][name] = kept  # its version only: nothing to reconcile
                 return set()
             touched = {p} if (p := self._drop(name)) else set()
-            if kind != "DELETED" and (pool := self._put(node)):
+            if kept is not None and (pool := self._put(kept)):
                 touched.add(pool)
             return touched
 
@@ -127,7 +125,7 @@ class NodeCache:
             if read is not None and (here is None or _version(here) != _version(read)):
                 return
             self._drop(name)
-            self._put(node)
+            self._put(slim(node))
 
     def nodes(self, pool: str) -> dict[str, Json]:
         """Pool ``pool``'s nodes by name (a copy of the mapping; the nodes are not to be changed)."""
@@ -146,12 +144,13 @@ class NodeCache:
         pool = self._pool_of.get(name)
         return self._by_pool.get(pool, {}).get(name) if pool is not None else None
 
-    def _put(self, node: Json) -> str | None:
-        pool = _pool_of(node)
+    def _put(self, kept: Json) -> str | None:
+        """Slim node ``kept`` under its pool (none: not kept); that pool."""
+        pool = _pool_of(kept)
         if pool is None:
             return None
-        name = node["metadata"]["name"]
-        self._by_pool.setdefault(pool, {})[name] = slim(node)
+        name = kept["metadata"]["name"]
+        self._by_pool.setdefault(pool, {})[name] = kept
         self._pool_of[name] = pool
         return pool
 
