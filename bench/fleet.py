@@ -15,37 +15,37 @@ asserts on them. Held nodes (``--hold``): :mod:`bench.fleet_hold`.
 from __future__ import annotations
 
 import json
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from virtualfleet.crd import GROUP, PLURAL, VERSION
 from virtualfleet.pool import POOL_LABEL
 
+from . import fleet_fgo
+from .fleet_nodes import BenchError, Follower, Side, wait_until
+from .gpu_pods import schedule
+
 __all__ = [
-    "BenchError",
-    "Follower",
     "Result",
     "create_pool",
     "leader_metrics_path",
     "metrics_text",
     "no_pool",
     "pod_metrics_path",
+    "pool_selector",
     "rate_target",
+    "ratio_target",
     "ready_target",
     "run",
-    "wait_until",
 ]
 
 TARGET_RATE = 500.0  # nodes/s
 TARGET_READY_S = 120.0  # for 10,000 nodes
 TARGET_NODES = 10_000
 LEASE = "mokka-fleet-controller"
-
-
-class BenchError(Exception):
-    """The bench cannot run here; the message says what to do."""
+PEER = "fake-gpu-operator"
 
 
 def rate_target(rate: float) -> str:
@@ -58,114 +58,79 @@ def ready_target(seconds: float) -> str:
     return f"<= {TARGET_READY_S:.0f} s{'' if seconds <= TARGET_READY_S else ' MISSED'}"
 
 
+def ratio_target(ratio: float) -> str:
+    """A Mokka / fake-gpu-operator ratio's target: no slower than the peer; MISSED above 1."""
+    return f"<= 1{'' if ratio <= 1 else ' MISSED'}"
+
+
 @dataclass
 class Result:
-    nodes: int
-    made_s: float = 0.0
-    ready_s: float = 0.0
-    deleted_s: float | None = None
+    """Mokka's side (the pool's nodes and, with ``pods``, the one-GPU pods scheduled on them), the
+    controller's and Prometheus' figures, and where compared (``--fgo``) fake-gpu-operator's side on
+    as many nodes (``peer``, FGO's pool ``peer_pool``)."""
+
+    mokka: Side
+    pods: int = 0
+    peer: Side | None = None
+    peer_pool: str = ""
     controller: dict[str, float] = field(default_factory=dict)
     scraped: dict[str, float] = field(default_factory=dict)  # what Prometheus saw of the run
 
-    @property
-    def rate(self) -> float:
-        return self.nodes / self.made_s if self.made_s else 0.0
-
     def rows(self) -> list[tuple[str, str, str]]:
         """(figure, value, target) lines; a missed target says MISSED."""
+        m = self.mokka
         rows = [
-            (f"{self.nodes} nodes made", f"{self.made_s:.1f} s", ""),
-            ("node creation", f"{self.rate:.0f} nodes/s", rate_target(self.rate)),
+            (f"{m.nodes} nodes made", f"{m.made_s:.1f} s", ""),
+            ("node creation", f"{m.rate:.0f} nodes/s", rate_target(m.rate)),
         ]
-        target = ready_target(self.ready_s) if self.nodes == TARGET_NODES else ""
-        rows.append((f"{self.nodes} nodes Ready", f"{self.ready_s:.1f} s", target))
-        if self.deleted_s is not None:
-            rows.append(("pool deleted -> every node gone", f"{self.deleted_s:.1f} s", ""))
+        target = ready_target(m.ready_s) if m.nodes == TARGET_NODES else ""
+        rows.append((f"{m.nodes} nodes Ready", f"{m.ready_s:.1f} s", target))
+        rows += self._pod_rows("", m)
+        if m.deleted_s is not None:
+            rows.append(("pool deleted -> every node gone", f"{m.deleted_s:.1f} s", ""))
         for name, value in sorted(self.controller.items()):
             rows.append((f"controller: {name}", f"{value:g}", ""))
         for name, value in sorted(self.scraped.items()):
             rows.append((f"prometheus: {name}", f"{value:g}", ""))
+        if (p := self.peer) is None:
+            return rows
+        rows.append((f"{PEER}: {p.nodes} nodes made (pool {self.peer_pool})", f"{p.made_s:.1f} s", ""))
+        rows.append((f"{PEER}: {p.nodes} nodes Ready with GPUs", f"{p.ready_s:.1f} s", ""))
+        rows += self._pod_rows(f"{PEER}: ", p)
+        if p.deleted_s is not None:
+            rows.append((f"{PEER}: nodes deleted -> every node gone", f"{p.deleted_s:.1f} s", ""))
+        for what, ours, theirs in self._compared():
+            if ours is not None and theirs:
+                rows.append((f"ratio {what} (Mokka / FGO)", f"{ours / theirs:.2f}", ratio_target(ours / theirs)))
         return rows
 
+    def _pod_rows(self, prefix: str, side: Side) -> list[tuple[str, str, str]]:
+        if side.bound_s is None or side.running_s is None:
+            return []
+        return [
+            (f"{prefix}{self.pods} one-GPU pods bound", f"{side.bound_s:.1f} s", ""),
+            (f"{prefix}{self.pods} one-GPU pods Running", f"{side.running_s:.1f} s", ""),
+        ]
 
-def _ready(node: dict[str, Any]) -> bool:
-    conditions = node.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    def _compared(self) -> list[tuple[str, float | None, float | None]]:
+        m, p = self.mokka, self.peer
+        assert p is not None
+        return [
+            (f"{m.nodes} nodes Ready", m.ready_s, p.ready_s),
+            (f"{self.pods} pods bound", m.bound_s, p.bound_s),
+            (f"{self.pods} pods Running", m.running_s, p.running_s),
+        ]
 
-
-class Follower:
-    """One watch of the pool's nodes: when each was first seen and first Ready (seconds from t0)."""
-
-    def __init__(self, core: Any, pool: str, t0: float) -> None:
-        self.core, self.pool, self.t0 = core, pool, t0
-        self.seen: dict[str, float] = {}
-        self.ready: dict[str, float] = {}
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        listed = json.loads(core.list_node(label_selector=self.selector, _preload_content=False).data)
-        self.version = listed["metadata"]["resourceVersion"]
-        self.thread = threading.Thread(target=self._run, daemon=True, name="follower")
-        self.thread.start()
-
-    @property
-    def selector(self) -> str:
-        return f"{POOL_LABEL}={self.pool}"
-
-    def _run(self) -> None:
-        from virtualfleet.watch import WatchExpired, watch_events
-
-        def stream(**kw: Any) -> Any:
-            return self.core.list_node(label_selector=self.selector, **kw)
-
-        while not self.stop.is_set():
-            try:
-                for event in watch_events(stream, self.version, timeout=60):
-                    obj = event["object"]
-                    self.version = obj["metadata"]["resourceVersion"]
-                    if event["type"] == "BOOKMARK":
-                        continue
-                    self._saw(event["type"], obj)
-                    if self.stop.is_set():
-                        return
-            except WatchExpired:  # too old: the nodes as they are now, and on from there
-                listed = json.loads(self.core.list_node(label_selector=self.selector, _preload_content=False).data)
-                names = {obj["metadata"]["name"] for obj in listed["items"]}
-                with self.lock:
-                    for gone in set(self.seen) - names:
-                        self.seen.pop(gone, None)
-                        self.ready.pop(gone, None)
-                for obj in listed["items"]:
-                    self._saw("ADDED", obj)
-                self.version = listed["metadata"]["resourceVersion"]
-            except Exception:  # a dropped watch: resume from the last version seen
-                time.sleep(0.5)
-
-    def _saw(self, kind: str, obj: dict[str, Any]) -> None:
-        now, name = time.monotonic() - self.t0, obj["metadata"]["name"]
-        with self.lock:
-            if kind == "DELETED":
-                self.seen.pop(name, None)
-                self.ready.pop(name, None)
-                return
-            self.seen.setdefault(name, now)
-            if _ready(obj):
-                self.ready.setdefault(name, now)
-
-    def counts(self) -> tuple[int, int]:
-        with self.lock:
-            return len(self.seen), len(self.ready)
-
-    def last(self) -> tuple[float, float]:
-        with self.lock:
-            return max(self.seen.values(), default=0.0), max(self.ready.values(), default=0.0)
+    def times(self) -> dict[str, dict[str, float]]:
+        """What the plot shows: each time (s) beside its peer's, where both were measured."""
+        if self.peer is None:
+            return {}
+        return {what: {"Mokka": ours, PEER: theirs} for what, ours, theirs in self._compared() if ours and theirs}
 
 
-def wait_until(what: str, check: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise BenchError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.2)
+def pool_selector(pool: str) -> str:
+    """The label selector of VirtualGPUPool ``pool``'s nodes."""
+    return f"{POOL_LABEL}={pool}"
 
 
 def metrics_text(api: Any, path: str) -> str:
@@ -295,35 +260,53 @@ def run(
     keep: bool = False,
     timeout: float = 900,
     prometheus: str | None = None,
+    pods: int = 0,
+    settle: float = 30.0,
+    fgo: str | None = None,
+    fgo_namespace: str = "gpu-operator",
+    progress: Callable[[str], None] = lambda message: None,
 ) -> Result:
-    """Apply a pool of ``nodes`` nodes of ``profile`` named ``pool``, follow it to Ready, delete it
-    (unless ``keep``); ``namespace`` is the chart's release's (the controller's Lease; ``prometheus``,
-    a Prometheus Service there to read the run back from)."""
+    """Apply a pool of ``nodes`` nodes of ``profile`` named ``pool``, follow it to Ready, schedule
+    ``pods`` one-GPU pods on it ``settle`` seconds later, delete it (unless ``keep``); ``namespace`` is
+    the chart's release's (the controller's Lease; ``prometheus``, a Prometheus Service there to read
+    the run back from). With ``fgo``, then the same on as many nodes of fake-gpu-operator's pool
+    ``fgo`` (its topology in ``fgo_namespace``), checked before anything is made."""
     from kubernetes import client
 
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     no_pool(custom, pool)
-    result = Result(nodes)
+    peer = fleet_fgo.find(core, fgo_namespace, fgo, pool) if fgo else None
+    result = Result(Side(nodes), pods)
+    side = result.mokka
     t0 = time.monotonic()
-    follower = Follower(core, pool, t0)
+    follower = Follower(core, pool_selector(pool), t0)
     try:
         create_pool(custom, pool, profile, nodes)
     except BenchError:
         follower.stop.set()
         raise
+    progress(f"VirtualGPUPool {pool} applied: {nodes} nodes of {profile}")
     try:
         wait_until(f"{nodes} nodes made", lambda: follower.counts()[0] >= nodes, timeout)
         wait_until(f"{nodes} nodes Ready", lambda: follower.counts()[1] >= nodes, timeout)
-        result.made_s, result.ready_s = follower.last()
+        side.made_s, side.ready_s = follower.last()
+        progress(f"{nodes} nodes Ready in {side.ready_s:.1f} s")
         result.controller = controller_metrics(api, namespace)
         if prometheus:
             seconds = time.monotonic() - t0
             result.scraped = scraped(api, namespace, prometheus, pool, nodes, seconds, min(timeout, 120))
+        if pods:
+            time.sleep(settle)
+            progress(f"scheduling {pods} one-GPU pods on the pool")
+            side.bound_s, side.running_s = schedule(api, {POOL_LABEL: pool}, pods, timeout=timeout)
     finally:
         if not keep:
             t1 = time.monotonic()
             custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, pool)
             wait_until("every node of the pool gone", lambda: follower.counts()[0] == 0, timeout)
-            result.deleted_s = time.monotonic() - t1
+            side.deleted_s = time.monotonic() - t1
         follower.stop.set()
+    if peer is not None:
+        result.peer_pool = peer.pool
+        result.peer = fleet_fgo.run(api, peer, nodes, pods, settle, keep, timeout, progress)
     return result

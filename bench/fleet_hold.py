@@ -22,17 +22,16 @@ from virtualfleet.crd import GROUP, PLURAL, VERSION
 
 from .fleet import (
     TARGET_NODES,
-    BenchError,
-    Follower,
     create_pool,
     leader_metrics_path,
     metrics_text,
     no_pool,
     pod_metrics_path,
+    pool_selector,
     rate_target,
     ready_target,
-    wait_until,
 )
+from .fleet_nodes import BenchError, Follower, wait_until
 
 __all__ = ["Hold", "Sample", "Step", "fit", "hold", "process_figures"]
 
@@ -204,7 +203,7 @@ def hold(
     for c, got in result.steps[0].samples.items():
         progress(f"0 nodes held: {c}: {got.cores:.3f} cores {got.rss / 2**20:.0f} MiB")
     t0 = time.monotonic()
-    follower = Follower(core, pool, t0)
+    follower = Follower(core, pool_selector(pool), t0)
     try:
         for k, nodes in enumerate(steps):
             before = set(follower.seen)

@@ -17,13 +17,13 @@ printed with their targets, a missed one marked MISSED; nothing asserts on them.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from bench import gpu_pods
 from bench.cluster import _row, _rss_mib
 from fetch import thirdparty
 from localcluster.addons.fgo import ENV_DIR, FGO_POOL_LABEL, FgoSpec, source_dir
@@ -37,51 +37,6 @@ def _rss(c: Cluster, names: tuple[str, ...]) -> dict[str, float]:
     return {n: _rss_mib(p.pid) for n in names if (p := c.proc(n)) is not None and p.alive()}
 
 
-def gpu_deployment(name: str, replicas: int, selector: dict[str, str]) -> dict[str, Any]:
-    """A Deployment of ``replicas`` pods asking for one GPU each, on nodes matching ``selector``."""
-    container = {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"nodeSelector": selector, "containers": [container]},
-            },
-        },
-    }
-
-
-def schedule(c: Cluster, selector: dict[str, str], pods: int, timeout: float = 900) -> tuple[float, float]:
-    """Seconds from creating a Deployment of ``pods`` one-GPU pods on nodes matching ``selector`` until
-    every pod is bound to a node, and until every pod is Running; the Deployment is deleted after."""
-    from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
-
-    api = c.api()
-    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
-    body = gpu_deployment("bench-schedule", pods, selector)
-    t0 = time.monotonic()
-    apps.create_namespaced_deployment("default", body)
-    bound = running = 0.0
-    try:
-        while not running:
-            if time.monotonic() - t0 > timeout:
-                raise ClusterError(f"{pods} pods not Running within {timeout:g}s")
-            time.sleep(0.5)
-            found = core.list_namespaced_pod("default", label_selector="app=bench-schedule", _preload_content=False)
-            items: list[dict[str, Any]] = json.loads(found.data)["items"]
-            if not bound and sum(1 for p in items if p["spec"].get("nodeName")) == pods:
-                bound = time.monotonic() - t0
-            if bound and sum(1 for p in items if p["status"].get("phase") == "Running") == pods:
-                running = time.monotonic() - t0
-    finally:
-        apps.delete_namespaced_deployment("bench-schedule", "default")
-    return bound, running
-
-
 def _one(options: Options, selector: dict[str, str], pods: int, settle: float) -> dict[str, Any]:
     t0 = time.monotonic()
     c = Cluster.up(options, progress=lambda s: None)
@@ -93,7 +48,7 @@ def _one(options: Options, selector: dict[str, str], pods: int, settle: float) -
         rss = _rss(c, ("kube-apiserver", "etcd", "kwok", "fgo-status-updater", "fgo-kwok-gpu-device-plugin",
                        "fgo-status-exporter-kwok"))  # fmt: skip
         time.sleep(settle)
-        bound, running = schedule(c, selector, pods)
+        bound, running = gpu_pods.schedule(c.api(), selector, pods)
         return {"up": up, "ready": step, "rss": rss, "bound": bound, "running": running}
     finally:
         if problems := c.down():

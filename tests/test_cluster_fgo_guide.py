@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,12 +29,14 @@ from fgo_guide import (
     MOKKA_IMAGE,
     NS,
     POOL,
+    REPO,
     SCALE_ONLY,
     Guide,
     core,
     daemonset,
     fgo_chart,
     fgo_install,
+    helm,
     helm_binary,
     kubectl,
     node_labels,
@@ -43,6 +47,7 @@ from fgo_guide import (
 )
 
 from fetch import debcache, nvidia_smi
+from fetch.kube import binaries
 from localcluster import nodeimage, registry
 from localcluster.addons import fgo_images
 from localcluster.cluster import Cluster
@@ -92,11 +97,14 @@ def guide(cluster: Cluster) -> Guide:
 @pytest.fixture(scope="module")
 def images(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """FGO's images (from its binaries, under its names) and Mokka's node image (under the name its
-    chart pulls by default), imported into every node."""
+    chart pulls by default, with the fleet's GFD and KWOK), imported into every node."""
     assert FGO_SRC is not None
     out = tmp_path_factory.mktemp("images")
     archives = fgo_images.build(FGO_SRC, out, debcache.default_cache())
-    archives.append(nodeimage.build(out, nvidia_smi.fetch("550")))
+    built = binaries.cached()  # NVIDIA's GFD and KWOK: the chart's fleet (test_bench_fleet_beside_fgos_chart)
+    assert built is not None
+    gfd, kwok = built["gpu-feature-discovery"], built.kwok
+    archives.append(nodeimage.build(out, nvidia_smi.fetch("550"), gfd=gfd, kwok=kwok))
     for archive in archives:
         cluster.import_image(archive)
         archive.unlink()
@@ -202,6 +210,71 @@ def test_mock_backend_served_by_mokkas_image(cluster: Cluster, guide: Guide, cor
     assert not any(root.iterdir()), list(root.iterdir())
     assert not (node.private("/var/run/cdi") / "nvidia.com-gpu.json").exists()
     assert "mokka.io/node-identity" not in (core.read_node(MOCK_NODE).metadata.annotations or {})
+
+
+# ---------------------------------------------------------------------------------------- the fleet beside FGO
+
+
+def bench_fleet(guide: Guide, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "mokka.cli", "bench", "fleet", "--kubeconfig", str(guide.kubeconfig)]
+    return subprocess.run([*argv, "--namespace", "default", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_bench_fleet_beside_fgos_chart(guide: Guide, core: Any, tmp_path: Path) -> None:
+    """On this cluster as the guide leaves it (FGO's chart serving its pool `scale` with the fake
+    backend), Mokka's release upgraded with the fleet on as a user does (`--set fleet.enabled=true`):
+    `mokka bench fleet --fgo scale` times a pool of Mokka's virtual nodes and as many of FGO's KWOK
+    nodes (kept Ready by the chart's KWOK, served by FGO's kwok-gpu-device-plugin and
+    status-exporter-kwok), GPU pods on each, the ratios and their plot; both sides' nodes are gone after.
+    A pool FGO does not serve and a namespace without FGO are one line each, before anything is made."""
+    upgrade = ("upgrade", "mokka", str(REPO / "charts" / "mokka"), "--reuse-values", "--wait", "--timeout", "180s")
+    ok(helm(guide, *upgrade, "--set", "fleet.enabled=true"))
+    try:
+        wait_for(
+            "the fleet controller holding its Lease",
+            lambda: kubectl(guide, "get", "lease", "mokka-fleet-controller", "-o", "name").returncode == 0,
+            180,
+        )
+        for args, message in (
+            (("--fgo", "nosuch"), "--fgo nosuch: fake-gpu-operator's topology has no pool nosuch (it has: scale)"),
+            (
+                ("--fgo", "scale", "--fgo-namespace", "nowhere"),
+                "--fgo scale: no fake-gpu-operator topology here (ConfigMap nowhere/topology): install its chart, "
+                "or name its namespace with --fgo-namespace",
+            ),
+        ):
+            res = bench_fleet(guide, "--nodes", "5", *args)
+            assert (res.returncode, res.stderr.strip()) == (1, f"mokka: error: {message}"), res.stdout + res.stderr
+            assert not kubectl(guide, "get", "vgp", "-o", "name").stdout.strip()
+
+        argv = ("--nodes", "20", "--pods", "20", "--settle", "5", "--timeout", "240", "--pool", "bench")
+        res = bench_fleet(guide, *argv, "--fgo", "scale", "--svg", str(tmp_path))
+        assert res.returncode == 0, res.stdout + res.stderr
+        rows = {line.split("  ")[0]: line for line in res.stdout.splitlines()}
+        for figure in (
+            "20 nodes Ready",
+            "20 one-GPU pods bound",
+            "20 one-GPU pods Running",
+            "pool deleted -> every node gone",
+            "fake-gpu-operator: 20 nodes made (pool scale)",
+            "fake-gpu-operator: 20 nodes Ready with GPUs",
+            "fake-gpu-operator: 20 one-GPU pods bound",
+            "fake-gpu-operator: 20 one-GPU pods Running",
+            "fake-gpu-operator: nodes deleted -> every node gone",
+            "ratio 20 nodes Ready (Mokka / FGO)",
+            "ratio 20 pods bound (Mokka / FGO)",
+            "ratio 20 pods Running (Mokka / FGO)",
+        ):
+            assert figure in rows, res.stdout
+        assert "<= 1" in rows["ratio 20 pods Running (Mokka / FGO)"]
+        assert "fake-gpu-operator: 20 nodes Ready with GPUs" in res.stderr  # told as it goes
+        svg = (tmp_path / "fleet.svg").read_text()
+        assert "fake-gpu-operator" in svg and "20 pods Running" in svg
+        assert not core.list_node(label_selector="mokka.io/bench-fgo=bench").items
+        assert not core.list_node(label_selector="mokka.io/virtual-pool=bench").items
+        assert not core.list_namespaced_pod("default", label_selector="app=bench-schedule").items
+    finally:
+        ok(helm(guide, *upgrade, "--set", "fleet.enabled=false"))
 
 
 # ---------------------------------------------------------------------------------------- last: both releases gone

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from cluster_fixtures import start_cluster, wait_for
 
-from bench.virtual import gpu_deployment
+from bench import gpu_pods
 from gpumodel import fleet
 from gpumodel.profile import format_guid
 from localcluster.addons import fgo
@@ -108,7 +108,7 @@ def test_a_thousand_gpu_pods_are_scheduled_over_the_virtual_nodes(cluster: Clust
     from kubernetes import client
 
     apps = client.AppsV1Api(cluster.api())
-    deployment = gpu_deployment("many", REPLICAS, {"mokka.io/virtual": "true"})
+    deployment = gpu_pods.deployment("many", REPLICAS, {"mokka.io/virtual": "true"})
     apps.create_namespaced_deployment("default", deployment)
     try:
 

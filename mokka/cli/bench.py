@@ -256,7 +256,12 @@ def bench_fault(profile_name: str, gpus: int | None, cli_rounds: int, rounds: in
     "seconds (and once at 0 nodes); their slopes per 1000 nodes and the projection to 100,000.",
 )
 @click.option(
-    "--settle", type=click.FloatRange(0), default=30, show_default=True, help="--hold: seconds before sampling."
+    "--settle",
+    type=click.FloatRange(0),
+    default=30,
+    show_default=True,
+    help="Seconds after the nodes are Ready before --hold samples or --pods are scheduled (the cluster "
+    "works off the burst of nodes first).",
 )
 @click.option(
     "--window",
@@ -264,6 +269,36 @@ def bench_fault(profile_name: str, gpus: int | None, cli_rounds: int, rounds: in
     default=60,
     show_default=True,
     help="--hold: seconds sampled (the controller resyncs every 60).",
+)
+@click.option(
+    "--pods",
+    type=click.IntRange(0, 100_000),
+    default=0,
+    show_default=True,
+    help="One-GPU pods scheduled on the pool once its nodes are Ready (and on FGO's with --fgo): seconds "
+    "until every pod is bound and Running.",
+)
+@click.option(
+    "--fgo",
+    "fgo_pool",
+    default=None,
+    metavar="POOL",
+    help="Then the same on as many KWOK nodes of run:ai fake-gpu-operator's node pool POOL (its chart "
+    "installed, POOL with backend fake in its topology; the chart's KWOK keeps the nodes Ready), and "
+    "the ratios Mokka / FGO.",
+)
+@click.option(
+    "--fgo-namespace",
+    default="gpu-operator",
+    show_default=True,
+    help="--fgo: fake-gpu-operator's release namespace (its topology ConfigMap).",
+)
+@click.option(
+    "--svg",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="--fgo: plot the times beside FGO's as DIR/fleet.svg.",
 )
 @click.pass_context
 def bench_fleet(
@@ -279,25 +314,37 @@ def bench_fleet(
     hold_steps: str | None,
     settle: float,
     window: float,
+    pods: int,
+    fgo_pool: str | None,
+    fgo_namespace: str,
+    svg: Path | None,
 ) -> None:
     """The chart's fleet on the cluster it runs on (helm install ... --set fleet.enabled=true): a pool
     of NODES virtual nodes applied, followed through one watch until every node exists (the creation
     rate) and is Ready, then deleted until every node is gone; the controller's reconcile and
     template figures from its /metrics. Targets: >= 500 nodes/s; 10,000 nodes Ready <= 120 s.
-    With --hold, the pool grown in steps and the components' CPU and RSS held at each."""
+    With --pods, GPU pods scheduled on the pool; with --fgo, fake-gpu-operator on as many nodes in
+    the same run, Mokka no slower (ratios <= 1). With --hold, the pool grown in steps and the
+    components' CPU and RSS held at each."""
     from bench import fleet as fleet_bench
     from bench import fleet_hold
+    from bench.fleet_nodes import BenchError
+    from bench.gpu_pods import SchedulingError
     from gpumodel import profile
     from k8snode.dra import cluster
 
     if profile_name not in profile.builtin_names():
         fail(f"--profile {profile_name}: not a built-in profile ({', '.join(profile.builtin_names())})")
+    if svg is not None and not fgo_pool:
+        fail("--svg plots Mokka beside fake-gpu-operator: give --fgo POOL too")
     steps: list[int] = []
     if hold_steps is not None:
         if ctx.get_parameter_source("nodes") != click.core.ParameterSource.DEFAULT:
             fail("--hold sets the pool's sizes: leave out --nodes")
         if prometheus:
             fail("--hold reads the components' own metrics: leave out --prometheus")
+        if pods or fgo_pool:
+            fail("--hold holds the pool alone: leave out --pods and --fgo")
         try:
             steps = [int(n) for n in hold_steps.split(",")]
         except ValueError:
@@ -314,9 +361,17 @@ def bench_fleet(
         if steps:
             result = fleet_hold.hold(api, steps, profile_name, pool, namespace, keep, timeout, settle, window, progress)
         else:
-            result = fleet_bench.run(api, nodes, profile_name, pool, namespace, keep, timeout, prometheus)
-    except (cluster.ClusterError, fleet_bench.BenchError) as exc:
+            result = fleet_bench.run(
+                api, nodes, profile_name, pool, namespace, keep, timeout, prometheus,
+                pods, settle, fgo_pool, fgo_namespace, progress,
+            )  # fmt: skip
+    except (cluster.ClusterError, BenchError, SchedulingError) as exc:
         fail(str(exc))
     width = max(len(r[0]) for r in result.rows())
     for figure, value, target in result.rows():
         click.echo(f"{figure:<{width}}  {value:>14}  {target}".rstrip())
+    if svg is not None and isinstance(result, fleet_bench.Result):
+        from bench import plot
+
+        title = f"{nodes} virtual nodes of {profile_name}: Mokka's fleet beside fake-gpu-operator"
+        click.echo(f"plot: {plot.bars(svg / 'fleet.svg', title, 's', result.times())}")

@@ -464,6 +464,7 @@ def bench_cluster(
     1000 <= 60 s), the API server's and kwok's RSS, and the scheduling of --pods one-GPU pods.
     """
     from bench import cluster as cluster_bench
+    from bench.gpu_pods import SchedulingError
     from localcluster.cluster import ClusterError
 
     load_profile(profile_name, None)
@@ -478,5 +479,5 @@ def bench_cluster(
             cluster_bench.run_fleet(nodes, ups)
             return
         cluster_bench.run(profile_name, ups, pods)
-    except ClusterError as exc:
+    except (ClusterError, SchedulingError) as exc:
         fail(f"{exc}, mokka bench cluster")
