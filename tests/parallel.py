@@ -7,8 +7,8 @@ podman. Tests that share a machine-wide thing run as one unit, in file order, on
   local or kind, runs in one of them, so clusters never pile up beyond two lanes' worth. ``cluster``
   holds every test of the session cluster (``kube_cluster`` is made once per worker: all its users
   must be on the same worker); ``kind`` holds kind's module, and ``mokka demo`` at its default
-  directory (its own tests, the installed package's, the fresh host's), and enough local cluster
-  modules to end about when ``cluster`` does.
+  directory (its own tests, the Quick start's, the installed package's, the fresh host's), and
+  enough local cluster modules to end about when ``cluster`` does.
 * ``image``: the image built from the Dockerfile (kind's module builds the same image: the builds
   take turns on the image cache's lock, ``kind.dockerfile_image``).
 
@@ -47,6 +47,7 @@ GROUPS = {
         "test_cluster_karpenter.py",  # 70 s
         "test_packaging.py",  # 80 s, two one-node clusters
         "test_demo.py",  # 20 s
+        "test_quickstart.py",  # 10 s: the Quick start's steps as written, `mokka demo` among them
         "test_fresh_host.py",  # 35 s: two clusters of test_cluster_cli.py, the demo, on a fresh host's paths
     ),
     "cluster": ("test_cluster_", "test_e2e_dra.py"),  # 1000 s
