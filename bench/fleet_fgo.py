@@ -120,6 +120,7 @@ def run(
     """FGO's side: ``nodes`` KWOK nodes in ``peer``'s pool made, followed until served, ``pods``
     one-GPU pods scheduled on them ``settle`` seconds later, the nodes deleted (unless ``keep``)."""
     from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
+    from kubernetes.client.rest import ApiException  # type: ignore[import-untyped, unused-ignore]
 
     core = client.CoreV1Api(api)
     spec = fgo.FgoSpec(peer.pool, peer.profile, nodes)
@@ -135,7 +136,12 @@ def run(
 
     try:
         progress(f"fake-gpu-operator: making {nodes} KWOK nodes in its pool {peer.pool}")
-        parallel(lambda name: core.create_node(body(name), _preload_content=False), names)
+        try:
+            parallel(lambda name: core.create_node(body(name), _preload_content=False), names)
+        except ApiException as exc:
+            raise BenchError(
+                f"fake-gpu-operator: a node of pool {peer.pool}: {exc.reason}: {str(exc.body)[:300]}"
+            ) from None
         wait_until(f"fake-gpu-operator: {nodes} nodes made", lambda: follower.counts()[0] >= nodes, timeout)
         wait_until(
             f"fake-gpu-operator: {nodes} nodes Ready with GPUs (are its status-updater, kwok-gpu-device-plugin "

@@ -47,6 +47,7 @@ def schedule(
     ``namespace``, through API client ``api``) until every pod is bound to a node, and until every pod
     is Running; the Deployment is deleted after and its pods waited out."""
     from kubernetes import client  # type: ignore[import-untyped, unused-ignore]
+    from kubernetes.client.rest import ApiException  # type: ignore[import-untyped, unused-ignore]
 
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
 
@@ -55,7 +56,10 @@ def schedule(
         return json.loads(found.data)["items"]  # type: ignore[no-any-return]
 
     t0 = time.monotonic()
-    apps.create_namespaced_deployment(namespace, deployment(NAME, pods, selector))
+    try:
+        apps.create_namespaced_deployment(namespace, deployment(NAME, pods, selector))
+    except ApiException as exc:
+        raise SchedulingError(f"Deployment {namespace}/{NAME}: {exc.reason}: {str(exc.body)[:300]}") from None
     bound = running = 0.0
     try:
         while not running:
