@@ -236,7 +236,10 @@ def test_bench_fleet_beside_fgos_chart(guide: Guide, core: Any, tmp_path: Path) 
             180,
         )
         for args, message in (
-            (("--fgo", "nosuch"), "--fgo nosuch: fake-gpu-operator's topology has no pool nosuch (it has: scale)"),
+            (
+                ("--fgo", "nosuch"),
+                "--fgo nosuch: fake-gpu-operator's topology has no pool nosuch (it has: default, scale)",
+            ),
             (
                 ("--fgo", "scale", "--fgo-namespace", "nowhere"),
                 "--fgo scale: no fake-gpu-operator topology here (ConfigMap nowhere/topology): install its chart, "
