@@ -24,8 +24,7 @@ from virtualfleet.crd import GROUP, PLURAL, VERSION
 from virtualfleet.pool import POOL_LABEL
 
 from . import fleet_fgo
-from .fleet_nodes import BenchError, Follower, Side, wait_until
-from .gpu_pods import schedule
+from .fleet_nodes import BenchError, Follower, Side, schedule_pods, wait_until
 
 __all__ = [
     "Result",
@@ -295,10 +294,7 @@ def run(
         if prometheus:
             seconds = time.monotonic() - t0
             result.scraped = scraped(api, namespace, prometheus, pool, nodes, seconds, min(timeout, 120))
-        if pods:
-            time.sleep(settle)
-            progress(f"scheduling {pods} one-GPU pods on the pool")
-            side.bound_s, side.running_s = schedule(api, {POOL_LABEL: pool}, pods, timeout=timeout)
+        schedule_pods(api, side, {POOL_LABEL: pool}, pods, settle, timeout, progress, f"VirtualGPUPool {pool}")
     finally:
         if not keep:
             t1 = time.monotonic()

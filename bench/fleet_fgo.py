@@ -24,8 +24,7 @@ import yaml
 from localcluster.addons import fgo
 from virtualfleet.pool import parallel
 
-from .fleet_nodes import BenchError, Follower, Side, wait_until
-from .gpu_pods import schedule
+from .fleet_nodes import BenchError, Follower, Side, is_ready, schedule_pods, wait_until
 
 __all__ = ["BENCH_LABEL", "Peer", "find", "gpus_served", "run"]
 
@@ -91,10 +90,8 @@ def find(core: Any, namespace: str, pool: str, bench: str) -> Peer:
 
 def gpus_served(node: dict[str, Any]) -> bool:
     """Whether FGO has served KWOK node ``node``: Ready, with GPUs allocatable and its product label."""
-    status = node.get("status", {})
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    gpus = int((status.get("allocatable") or {}).get("nvidia.com/gpu", "0") or 0)
-    return ready and gpus > 0 and "nvidia.com/gpu.product" in (node["metadata"].get("labels") or {})
+    gpus = int((node.get("status", {}).get("allocatable") or {}).get("nvidia.com/gpu", "0") or 0)
+    return is_ready(node) and gpus > 0 and "nvidia.com/gpu.product" in (node["metadata"].get("labels") or {})
 
 
 def _delete(core: Any, name: str) -> None:
@@ -151,10 +148,8 @@ def run(
         )
         side.made_s, side.ready_s = follower.last()
         progress(f"fake-gpu-operator: {nodes} nodes Ready with GPUs in {side.ready_s:.1f} s")
-        if pods:
-            time.sleep(settle)
-            progress(f"fake-gpu-operator: scheduling {pods} one-GPU pods")
-            side.bound_s, side.running_s = schedule(api, {fgo.POOL_KEY: peer.pool, BENCH_LABEL: peer.bench}, pods)
+        selector = {fgo.POOL_KEY: peer.pool, BENCH_LABEL: peer.bench}
+        schedule_pods(api, side, selector, pods, settle, timeout, progress, "fake-gpu-operator")
     finally:
         if not keep:
             t1 = time.monotonic()

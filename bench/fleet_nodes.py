@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BenchError", "Follower", "Side", "is_ready", "wait_until"]
+__all__ = ["BenchError", "Follower", "Side", "is_ready", "schedule_pods", "wait_until"]
 
 
 class BenchError(Exception):
@@ -117,3 +117,24 @@ def wait_until(what: str, check: Any, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise BenchError(f"{what}: not within {timeout:.0f} s")
         time.sleep(0.2)
+
+
+def schedule_pods(
+    api: Any,
+    side: Side,
+    selector: dict[str, str],
+    pods: int,
+    settle: float,
+    timeout: float,
+    progress: Callable[[str], None],
+    who: str,
+) -> None:
+    """``settle`` seconds after ``side``'s nodes are Ready, ``pods`` one-GPU pods on the nodes
+    ``selector`` picks: their bound and Running times into ``side`` (nothing without pods)."""
+    from .gpu_pods import schedule
+
+    if not pods:
+        return
+    time.sleep(settle)
+    progress(f"{who}: scheduling {pods} one-GPU pods")
+    side.bound_s, side.running_s = schedule(api, selector, pods, timeout=timeout)
